@@ -1,0 +1,17 @@
+// The CUDA backend's host side: device checks, workspace layout and kernel
+// launches on the caller's stream. Compiled only with FLASHQLA_ENABLE_CUDA.
+#pragma once
+
+#include <cstddef>
+
+#include "core/problem.h"
+
+namespace flashqla::cuda {
+
+size_t forward_workspace_bytes(const Problem& problem, const flashqla_gdn_fwd_params_t& params);
+size_t backward_workspace_bytes(const Problem& problem, const flashqla_gdn_bwd_params_t& params);
+
+void gdn_forward(const Problem& problem, const flashqla_gdn_fwd_params_t& params);
+void gdn_backward(const Problem& problem, const flashqla_gdn_bwd_params_t& params);
+
+}  // namespace flashqla::cuda
