@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -18,14 +19,13 @@ namespace {
 struct TensorArg {
   const char* name;
   const flashqla_tensor_t* tensor;
-  int rank;        // number of strides read
-  bool is_output;  // outputs must be float (never index types)
+  int rank;  // number of strides read
 };
 
 void check_float_tensor(const char* entry, const TensorArg& a, bool elements_exist) {
   const flashqla_tensor_t& x = *a.tensor;
-  FLASHQLA_REQUIRE(x.data != nullptr || !elements_exist, entry, ": ", a.name,
-                   ": pointer is NULL (required)");
+  if (x.data == nullptr && !elements_exist) return;  // an empty tensor: nothing is read or written
+  FLASHQLA_REQUIRE(x.data != nullptr, entry, ": ", a.name, ": pointer is NULL (required)");
   if (!is_float_dtype(x.dtype)) {
     fail(FLASHQLA_STATUS_NOT_SUPPORTED,
          str(entry, ": ", a.name, ": unsupported dtype ", dtype_name(x.dtype), " (",
@@ -100,15 +100,15 @@ void check_forward_tensors(const flashqla_gdn_fwd_params_t& p, const char* entry
                            bool as_backward, Problem& pr) {
   const bool tokens = p.B * p.T > 0;
   const TensorArg inputs[] = {
-      {"q", &p.q, 4, false}, {"k", &p.k, 4, false}, {"v", &p.v, 4, false},
-      {"g", &p.g, 3, false}, {"beta", &p.beta, 3, false},
+      {"q", &p.q, 4}, {"k", &p.k, 4}, {"v", &p.v, 4},
+      {"g", &p.g, 3}, {"beta", &p.beta, 3},
   };
   for (const TensorArg& a : inputs) check_float_tensor(entry, a, tokens);
-  if (!as_backward) check_float_tensor(entry, {"o", &p.o, 4, true}, tokens);
+  if (!as_backward) check_float_tensor(entry, {"o", &p.o, 4}, tokens);
 
   pr.has_initial_state = p.initial_state.data != nullptr;
   if (pr.has_initial_state) {
-    check_float_tensor(entry, {"initial_state", &p.initial_state, 4, false}, true);
+    check_float_tensor(entry, {"initial_state", &p.initial_state, 4}, true);
     FLASHQLA_REQUIRE(p.initial_state_n == pr.N, entry,
                      ": initial_state: the number of initial states (initial_state_n = ",
                      p.initial_state_n, ") must equal the number of sequences N = ", pr.N,
@@ -116,7 +116,7 @@ void check_forward_tensors(const flashqla_gdn_fwd_params_t& p, const char* entry
   }
   pr.output_final_state = !as_backward && p.output_final_state != 0;
   if (pr.output_final_state) {
-    check_float_tensor(entry, {"final_state", &p.final_state, 4, true}, true);
+    check_float_tensor(entry, {"final_state", &p.final_state, 4}, true);
   }
 }
 
@@ -199,9 +199,16 @@ void check_sequence_contents(const flashqla_gdn_fwd_params_t& p, const char* ent
   if (p.cu_seqlens_host != nullptr) {
     pr.cu_seqlens_host = read_cu_seqlens(p.cu_seqlens_host, p.cu_seqlens.dtype, pr.N + 1);
     check_cu_seqlens(pr.cu_seqlens_host, p.T, entry, "cu_seqlens_host");
-  } else if (pr.backend == FLASHQLA_BACKEND_CPU) {
-    pr.cu_seqlens_host = read_cu_seqlens(p.cu_seqlens.data, p.cu_seqlens.dtype, pr.N + 1);
-    check_cu_seqlens(pr.cu_seqlens_host, p.T, entry, "cu_seqlens");
+  }
+  if (pr.backend == FLASHQLA_BACKEND_CPU) {
+    // The CPU computes with cu_seqlens itself; a host copy, if any, must agree.
+    std::vector<int64_t> cu = read_cu_seqlens(p.cu_seqlens.data, p.cu_seqlens.dtype, pr.N + 1);
+    check_cu_seqlens(cu, p.T, entry, "cu_seqlens");
+    for (size_t i = 0; i < pr.cu_seqlens_host.size(); ++i) {
+      FLASHQLA_REQUIRE(pr.cu_seqlens_host[i] == cu[i], entry, ": cu_seqlens_host: differs from "
+                       "cu_seqlens at index ", i, " (", pr.cu_seqlens_host[i], " vs ", cu[i], ")");
+    }
+    pr.cu_seqlens_host = std::move(cu);
   }
   pr.debug_check_cu_seqlens =
       pr.backend == FLASHQLA_BACKEND_CUDA && pr.cu_seqlens_host.empty() &&
@@ -220,15 +227,15 @@ Problem validate_common(const flashqla_gdn_fwd_params_t* params, const flashqla_
   if (bwd) {
     const bool tokens = p.B * p.T > 0;
     const TensorArg grads[] = {
-        {"d_o", &bwd->d_o, 4, false}, {"dq", &bwd->dq, 4, true}, {"dk", &bwd->dk, 4, true},
-        {"dv", &bwd->dv, 4, true},   {"dg", &bwd->dg, 3, true},  {"dbeta", &bwd->dbeta, 3, true},
+        {"d_o", &bwd->d_o, 4}, {"dq", &bwd->dq, 4}, {"dk", &bwd->dk, 4},
+        {"dv", &bwd->dv, 4},   {"dg", &bwd->dg, 3},  {"dbeta", &bwd->dbeta, 3},
     };
     for (const TensorArg& a : grads) check_float_tensor(entry, a, tokens);
     if (bwd->d_final_state.data != nullptr) {
-      check_float_tensor(entry, {"d_final_state", &bwd->d_final_state, 4, false}, true);
+      check_float_tensor(entry, {"d_final_state", &bwd->d_final_state, 4}, true);
     }
     if (pr.has_initial_state) {
-      check_float_tensor(entry, {"d_initial_state", &bwd->d_initial_state, 4, true}, true);
+      check_float_tensor(entry, {"d_initial_state", &bwd->d_initial_state, 4}, true);
     }
   }
   pr.B = p.B;

@@ -345,6 +345,36 @@ TEST(CpuForward, CuSeqlensHostCopyGivesSameResult) {
   p.cu_seqlens_host = c.cu.desc.data;
   ASSERT_EQ(flashqla_gdn_fwd(&p), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
   EXPECT_EQ(plain.o, c.o.to_vector());
+  // A host copy that disagrees with the tensor the CPU reads is an error.
+  std::vector<int32_t> other = {0, 11, 80};
+  p.cu_seqlens_host = other.data();
+  EXPECT_EQ(flashqla_gdn_fwd(&p), FLASHQLA_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(flashqla_last_error_message()).find("cu_seqlens_host: differs from cu_seqlens at index 1"),
+            std::string::npos)
+      << flashqla_last_error_message();
+}
+
+// An empty batch needs no token tensors at all (untouched descriptors), and
+// the final state is the initial state.
+TEST(CpuForward, EmptyBatchPassesStateThrough) {
+  HostTensor h0({2, 1, 3, 4}, FLASHQLA_DTYPE_FLOAT32), ht({2, 1, 3, 4}, FLASHQLA_DTYPE_FLOAT32);
+  for (int64_t i = 0; i < h0.numel(); ++i) h0.set_flat(i, 0.25 * double(i) - 1.0);
+  ht.fill_nan();
+  flashqla_gdn_fwd_params_t p;
+  flashqla_gdn_fwd_params_init(&p);
+  p.B = 2;
+  p.T = 0;
+  p.H = 1;
+  p.HV = 1;
+  p.K = 3;
+  p.V = 4;
+  p.initial_state = h0.desc;
+  p.initial_state_n = 2;
+  p.final_state = ht.desc;
+  p.output_final_state = 1;
+  p.backend = FLASHQLA_BACKEND_CPU;
+  ASSERT_EQ(flashqla_gdn_fwd(&p), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+  EXPECT_EQ(ht.to_vector(), h0.to_vector());
 }
 
 }  // namespace
