@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# On the GPU machine: build everything with the CUDA backend, run the whole
+# C++ suite (GPU tests must run there, never skip), and print a short table.
+# Needs third_party/ from scripts/prepare_device.sh (carried with the call).
+# Logs go to $OUT when it is set.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${OUT:-/tmp/flashqla-gpu-check}"
+mkdir -p "${out}"
+build=build-gpu
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "${out}/gpu.txt"
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+
+start=${SECONDS}
+cmake -S . -B "${build}" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFLASHQLA_ENABLE_CUDA=ON \
+  -DFLASHQLA_GTEST_SOURCE_DIR="${PWD}/third_party/googletest" > "${out}/configure.log" 2>&1 \
+  && cmake --build "${build}" -j "$(nproc)" > "${out}/build.log" 2>&1
+build_rc=$?
+build_s=$((SECONDS - start))
+if [[ ${build_rc} -ne 0 ]]; then
+  tail -n 60 "${out}/configure.log" "${out}/build.log"
+  echo "BUILD FAILED"
+  exit 1
+fi
+
+start=${SECONDS}
+ctest --test-dir "${build}" --output-on-failure -j 8 > "${out}/ctest.log" 2>&1
+ctest_rc=$?
+ctest_s=$((SECONDS - start))
+grep -E "Failed|\*\*\*|Skipped" "${out}/ctest.log" | head -n 40
+
+total=$(grep -oE "out of [0-9]+" "${out}/ctest.log" | grep -oE "[0-9]+" | tail -n 1)
+failed=$(grep -cE "Test +#[0-9]+: .*(\*\*\*|  Failed)" "${out}/ctest.log")
+skipped=$(grep -c "(Skipped)" "${out}/ctest.log")
+gpu_ran=$(grep -cE "CudaBackend\..*Passed" "${out}/ctest.log")
+
+echo
+echo "| step                         | result |"
+echo "|------------------------------|--------|"
+printf "| build (s)                    | %6s |\n" "${build_s}"
+printf "| ctest (s)                    | %6s |\n" "${ctest_s}"
+printf "| tests total                  | %6s |\n" "${total:-?}"
+printf "| tests failed                 | %6s |\n" "${failed:-?}"
+printf "| tests skipped (must be 0)    | %6s |\n" "${skipped}"
+printf "| CUDA backend tests passed    | %6s |\n" "${gpu_ran}"
+[[ ${ctest_rc} -eq 0 && ${skipped} -eq 0 ]]
