@@ -1,0 +1,273 @@
+// The torch binding: registers flashqla's ops with explicit schemas through
+// PyTorch's stable ABI (one build serves every torch from 2.10 on) and turns
+// tensors into C API params. It computes nothing and compiles no CUDA.
+//
+//   flashqla::gdn_fwd  -> (o, final_state)
+//   flashqla::gdn_bwd  -> (dq, dk, dv, dg, dbeta, dh0)
+//
+// Outputs are allocated here on the inputs' device; final_state / dh0 are
+// 0-element tensors when not requested / when there is no initial state.
+// The Python layer adds fake (meta) implementations and autograd.
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include <torch/csrc/inductor/aoti_torch/c/shim.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+
+#include "flashqla/flashqla.h"
+
+namespace {
+
+using torch::headeronly::ScalarType;
+using torch::stable::Tensor;
+
+flashqla_dtype_t to_flashqla_dtype(ScalarType t, const char* name) {
+  switch (t) {
+    case ScalarType::Float: return FLASHQLA_DTYPE_FLOAT32;
+    case ScalarType::Half: return FLASHQLA_DTYPE_FLOAT16;
+    case ScalarType::BFloat16: return FLASHQLA_DTYPE_BFLOAT16;
+    case ScalarType::Double: return FLASHQLA_DTYPE_FLOAT64;
+    case ScalarType::Int: return FLASHQLA_DTYPE_INT32;
+    case ScalarType::Long: return FLASHQLA_DTYPE_INT64;
+    default: break;
+  }
+  throw std::runtime_error(std::string("flashqla: ") + name +
+                           ": unsupported dtype (expected float32, float16, bfloat16, float64, "
+                           "or int32/int64 for cu_seqlens)");
+}
+
+// A tensor as the C API sees it: pointer, dtype and `rank` strides.
+flashqla_tensor_t describe(const Tensor& t, const char* name, int64_t rank) {
+  if (t.dim() != rank) {
+    throw std::runtime_error(std::string("flashqla: ") + name + ": expected a " +
+                             std::to_string(rank) + "-d tensor, got " + std::to_string(t.dim()) +
+                             "-d");
+  }
+  flashqla_tensor_t d{};
+  d.data = t.numel() == 0 ? nullptr : t.data_ptr();
+  d.dtype = to_flashqla_dtype(t.scalar_type(), name);
+  for (int64_t i = 0; i < rank; ++i) d.stride[i] = t.stride(i);
+  // Size-1 dimensions may carry any stride in torch; the C API only reads
+  // strides, so a trailing size-1 dim is reported as contiguous.
+  if (t.size(rank - 1) == 1) d.stride[rank - 1] = 1;
+  return d;
+}
+
+// The C API reads sizes from the params and strides from each tensor, so
+// every tensor's shape must be checked against those sizes here.
+void expect_shape(const Tensor& t, const char* name, const std::vector<int64_t>& shape) {
+  bool ok = t.dim() == static_cast<int64_t>(shape.size());
+  for (size_t i = 0; ok && i < shape.size(); ++i) ok = t.size(static_cast<int64_t>(i)) == shape[i];
+  if (ok) return;
+  auto fmt = [](auto&& sizes, size_t n) {
+    std::string s = "[";
+    for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(sizes(i));
+    return s + "]";
+  };
+  throw std::runtime_error(
+      std::string("flashqla: ") + name + ": expected shape " +
+      fmt([&](size_t i) { return shape[i]; }, shape.size()) + ", got " +
+      fmt([&](size_t i) { return t.size(static_cast<int64_t>(i)); }, static_cast<size_t>(t.dim())));
+}
+
+void check(flashqla_status_t status) {
+  if (status != FLASHQLA_STATUS_SUCCESS) throw std::runtime_error(flashqla_last_error_message());
+}
+
+// The current CUDA stream of `device`, from torch's CUDA library when torch
+// has loaded one (resolved at run time so this binding also loads with
+// CPU-only torch builds).
+flashqla_stream_t current_cuda_stream(int32_t device) {
+  using GetStream = AOTITorchError (*)(int32_t, void**);
+  static GetStream get = [] {
+    void* lib = dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_NOLOAD);
+    return lib ? reinterpret_cast<GetStream>(dlsym(lib, "aoti_torch_get_current_cuda_stream"))
+               : nullptr;
+  }();
+  if (get == nullptr) throw std::runtime_error("flashqla: CUDA tensor but torch has no CUDA library loaded");
+  void* stream = nullptr;
+  if (get(device, &stream) != AOTI_TORCH_SUCCESS) throw std::runtime_error("flashqla: cannot read the current CUDA stream");
+  return static_cast<flashqla_stream_t>(stream);
+}
+
+// The sizes and inputs shared by forward and backward.
+flashqla_gdn_fwd_params_t common_params(const Tensor& q, const Tensor& k, const Tensor& v,
+                                        const Tensor& g, const Tensor& beta, double scale,
+                                        const std::optional<Tensor>& initial_state,
+                                        const std::optional<Tensor>& cu_seqlens,
+                                        const std::optional<Tensor>& cu_seqlens_cpu,
+                                        bool state_v_first, bool use_qk_l2norm,
+                                        int64_t beta_activation) {
+  flashqla_gdn_fwd_params_t p;
+  flashqla_gdn_fwd_params_init(&p);
+  if (q.dim() != 4 || v.dim() != 4) {
+    throw std::runtime_error("flashqla: q and v must be 4-d ([B, T, H, K] and [B, T, HV, V])");
+  }
+  const int64_t B = q.size(0), T = q.size(1), HV = v.size(2);
+  expect_shape(k, "k", {B, T, q.size(2), q.size(3)});
+  expect_shape(v, "v", {B, T, HV, v.size(3)});
+  expect_shape(g, "g", {B, T, HV});
+  expect_shape(beta, "beta", {B, T, HV});
+  p.q = describe(q, "q", 4);
+  p.k = describe(k, "k", 4);
+  p.v = describe(v, "v", 4);
+  p.g = describe(g, "g", 3);
+  p.beta = describe(beta, "beta", 3);
+  p.B = q.size(0);
+  p.T = q.size(1);
+  p.H = q.size(2);
+  p.K = q.size(3);
+  p.HV = v.size(2);
+  p.V = v.size(3);
+  if (cu_seqlens.has_value()) {
+    p.cu_seqlens = describe(*cu_seqlens, "cu_seqlens", 1);
+    p.N = cu_seqlens->size(0) - 1;
+    if (cu_seqlens_cpu.has_value()) {
+      if (!cu_seqlens_cpu->is_cpu() || cu_seqlens_cpu->scalar_type() != cu_seqlens->scalar_type() ||
+          cu_seqlens_cpu->numel() != cu_seqlens->numel() || !cu_seqlens_cpu->is_contiguous()) {
+        throw std::runtime_error(
+            "flashqla: cu_seqlens_cpu: must be a contiguous CPU tensor with the dtype and length "
+            "of cu_seqlens");
+      }
+      p.cu_seqlens_host = cu_seqlens_cpu->data_ptr();
+    }
+  }
+  if (initial_state.has_value()) {
+    const int64_t n = initial_state->dim() > 0 ? initial_state->size(0) : 0;
+    expect_shape(*initial_state, "initial_state", state_v_first ? std::vector<int64_t>{n, HV, p.V, p.K}
+                                                                : std::vector<int64_t>{n, HV, p.K, p.V});
+    p.initial_state = describe(*initial_state, "initial_state", 4);
+    p.initial_state_n = initial_state->size(0);
+  }
+  p.scale = scale;
+  p.state_v_first = state_v_first ? 1 : 0;
+  p.use_qk_l2norm = use_qk_l2norm ? 1 : 0;
+  p.beta_activation = static_cast<flashqla_beta_activation_t>(beta_activation);
+  if (q.is_cuda()) {
+    p.backend = FLASHQLA_BACKEND_CUDA;
+    p.stream = current_cuda_stream(q.get_device_index());
+  } else {
+    p.backend = FLASHQLA_BACKEND_CPU;
+    p.cpu_num_threads = static_cast<int>(torch::stable::get_num_threads());
+  }
+  return p;
+}
+
+std::vector<int64_t> state_shape(const flashqla_gdn_fwd_params_t& p, int64_t n, bool v_first) {
+  return v_first ? std::vector<int64_t>{n, p.HV, p.V, p.K} : std::vector<int64_t>{n, p.HV, p.K, p.V};
+}
+
+// Allocates the workspace the call reports and stores it in the params.
+template <typename Params, typename SizeFn>
+std::optional<Tensor> attach_workspace(Params& params, flashqla_gdn_fwd_params_t& fwd,
+                                       const Tensor& like, SizeFn size_fn) {
+  size_t bytes = 0;
+  check(size_fn(&params, &bytes));
+  if (bytes == 0) return std::nullopt;
+  Tensor ws = torch::stable::new_empty(like, {static_cast<int64_t>(bytes)}, ScalarType::Byte);
+  fwd.workspace = ws.data_ptr();
+  fwd.workspace_bytes = bytes;
+  return ws;
+}
+
+std::tuple<Tensor, Tensor> gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta,
+                                   double scale, std::optional<Tensor> initial_state,
+                                   std::optional<Tensor> cu_seqlens,
+                                   std::optional<Tensor> cu_seqlens_cpu, bool output_final_state,
+                                   bool state_v_first, bool use_qk_l2norm,
+                                   int64_t beta_activation) {
+  flashqla_gdn_fwd_params_t p =
+      common_params(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
+                    state_v_first, use_qk_l2norm, beta_activation);
+  const int64_t N = cu_seqlens.has_value() ? p.N : p.B;
+  Tensor o = torch::stable::new_empty(q, {p.B, p.T, p.HV, p.V});
+  Tensor final_state = torch::stable::new_empty(
+      q, output_final_state ? state_shape(p, N, state_v_first) : std::vector<int64_t>{0},
+      ScalarType::Float);
+  p.o = describe(o, "o", 4);
+  if (output_final_state) {
+    p.final_state = describe(final_state, "final_state", 4);
+    p.output_final_state = 1;
+  }
+  std::optional<Tensor> ws = attach_workspace(p, p, q, flashqla_gdn_fwd_workspace_size);
+  check(flashqla_gdn_fwd(&p));
+  return {o, final_state};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> gdn_bwd(
+    Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, double scale,
+    std::optional<Tensor> initial_state, std::optional<Tensor> cu_seqlens,
+    std::optional<Tensor> cu_seqlens_cpu, Tensor d_o, std::optional<Tensor> d_final_state,
+    bool state_v_first, bool use_qk_l2norm, int64_t beta_activation) {
+  flashqla_gdn_bwd_params_t p;
+  flashqla_gdn_bwd_params_init(&p);
+  p.fwd = common_params(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
+                        state_v_first, use_qk_l2norm, beta_activation);
+  // Incoming gradients are often expanded views (stride 0, e.g. from .sum()).
+  if (d_o.dim() > 0 && d_o.stride(d_o.dim() - 1) != 1) d_o = torch::stable::contiguous(d_o);
+  if (d_final_state.has_value() && d_final_state->dim() > 0 &&
+      d_final_state->stride(d_final_state->dim() - 1) != 1) {
+    d_final_state = torch::stable::contiguous(*d_final_state);
+  }
+  expect_shape(d_o, "do", {p.fwd.B, p.fwd.T, p.fwd.HV, p.fwd.V});
+  p.d_o = describe(d_o, "do", 4);
+  if (d_final_state.has_value()) {
+    const int64_t N = cu_seqlens.has_value() ? p.fwd.N : p.fwd.B;
+    expect_shape(*d_final_state, "dht", state_shape(p.fwd, N, state_v_first));
+    p.d_final_state = describe(*d_final_state, "dht", 4);
+  }
+  Tensor dq = torch::stable::new_empty(q, {p.fwd.B, p.fwd.T, p.fwd.H, p.fwd.K});
+  Tensor dk = torch::stable::new_empty(k, {p.fwd.B, p.fwd.T, p.fwd.H, p.fwd.K});
+  Tensor dv = torch::stable::new_empty(v, {p.fwd.B, p.fwd.T, p.fwd.HV, p.fwd.V});
+  Tensor dg = torch::stable::new_empty(g, {p.fwd.B, p.fwd.T, p.fwd.HV});
+  Tensor dbeta = torch::stable::new_empty(beta, {p.fwd.B, p.fwd.T, p.fwd.HV});
+  Tensor dh0 = torch::stable::new_empty(
+      q, initial_state.has_value() ? state_shape(p.fwd, initial_state->size(0), state_v_first)
+                                   : std::vector<int64_t>{0},
+      ScalarType::Float);
+  p.dq = describe(dq, "dq", 4);
+  p.dk = describe(dk, "dk", 4);
+  p.dv = describe(dv, "dv", 4);
+  p.dg = describe(dg, "dg", 3);
+  p.dbeta = describe(dbeta, "dbeta", 3);
+  if (initial_state.has_value()) p.d_initial_state = describe(dh0, "dh0", 4);
+  std::optional<Tensor> ws = attach_workspace(p, p.fwd, q, flashqla_gdn_bwd_workspace_size);
+  check(flashqla_gdn_bwd(&p));
+  return {dq, dk, dv, dg, dbeta, dh0};
+}
+
+}  // namespace
+
+STABLE_TORCH_LIBRARY(flashqla, m) {
+  m.def(
+      "gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
+      "Tensor? initial_state, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, "
+      "bool output_final_state, bool state_v_first, bool use_qk_l2norm, int beta_activation) "
+      "-> (Tensor o, Tensor final_state)");
+  m.def(
+      "gdn_bwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
+      "Tensor? initial_state, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, Tensor do, "
+      "Tensor? dht, bool state_v_first, bool use_qk_l2norm, int beta_activation) "
+      "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dh0)");
+}
+
+// The same functions serve both devices: the C API picks its backend from
+// where the tensors live.
+STABLE_TORCH_LIBRARY_IMPL(flashqla, CPU, m) {
+  m.impl("gdn_fwd", TORCH_BOX(&gdn_fwd));
+  m.impl("gdn_bwd", TORCH_BOX(&gdn_bwd));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
+  m.impl("gdn_fwd", TORCH_BOX(&gdn_fwd));
+  m.impl("gdn_bwd", TORCH_BOX(&gdn_bwd));
+}

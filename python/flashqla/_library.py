@@ -1,0 +1,40 @@
+"""Loads the compiled binding (``libflashqla_torch``) into torch's op registry.
+
+The binding registers ``torch.ops.flashqla.gdn_fwd`` and ``gdn_bwd`` through
+PyTorch's stable ABI. It lives in ``flashqla/_lib`` next to ``libflashqla``;
+``FLASHQLA_TORCH_LIBRARY`` may point at another build of it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+_LIB_DIR = Path(__file__).resolve().parent / "_lib"
+_BINDING_NAME = "libflashqla_torch.so"
+
+
+def _binding_path() -> Path:
+    override = os.environ.get("FLASHQLA_TORCH_LIBRARY")
+    path = Path(override) if override else _LIB_DIR / _BINDING_NAME
+    if not path.is_file():
+        raise ImportError(
+            f"flashqla: compiled binding not found at {path}; install the package with "
+            "`pip install .` from the repository root (it builds the C++ core and the binding)"
+        )
+    return path
+
+
+def load() -> None:
+    if hasattr(torch.ops, "flashqla") and hasattr(torch.ops.flashqla, "gdn_fwd"):
+        return
+    torch.ops.load_library(str(_binding_path()))
+
+
+load()
+
+# The sm_90a forward and backward kernels are not part of this version: CUDA
+# tensors are refused with NotImplementedError (never computed on the CPU).
+CUDA_KERNELS_AVAILABLE = False

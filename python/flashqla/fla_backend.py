@@ -1,0 +1,129 @@
+"""flashqla as a backend of flash-linear-attention's own dispatch (FLA 0.5.x).
+
+Once registered, ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` — and every
+model or layer that calls it — runs on flashqla whenever flashqla supports the call;
+the verifier declines exactly what flashqla does not support (with the reason), and
+FLA then falls through to its next backend or its own Triton kernels.
+
+Registration is explicit (``flashqla.fla_backend.register()``) and also automatic
+when ``flashqla`` is imported with FLA installed, unless ``FLASHQLA_FLA_BACKEND=0``.
+FLA's switch for the registered backend is ``FLA_FLASHQLA=0``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any
+
+from . import gated_delta_rule as _gdr
+
+# Lower runs first in FLA's dispatch; QwenLM FlashQLA's backend has priority 3.
+PRIORITY = 2
+BACKEND_TYPE = "flashqla"
+
+_backend = None
+
+
+def _fla_parameters() -> list[str]:
+    """Parameter names of the installed FLA's chunk_gated_delta_rule, in order (positional
+    arguments a caller gives FLA are bound by FLA's order, which differs from flashqla's
+    after ``cu_seqlens_cpu``)."""
+    from fla.ops.gated_delta_rule import chunk as fla_chunk
+
+    params = inspect.signature(fla_chunk.chunk_gated_delta_rule).parameters.values()
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def _bind(fla_params: list[str], args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    if len(args) > len(fla_params):
+        raise TypeError(f"chunk_gated_delta_rule() takes {len(fla_params)} positional arguments but "
+                        f"{len(args)} were given")
+    bound = dict(zip(fla_params, args))
+    for name, value in kwargs.items():
+        if name in bound:
+            raise TypeError(f"chunk_gated_delta_rule() got multiple values for argument '{name}'")
+        bound[name] = value
+    return bound
+
+
+def _split(bound: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Named parameters of flashqla's function, and the rest (its **kwargs)."""
+    names = inspect.signature(_gdr.chunk_gated_delta_rule).parameters
+    named = {k: v for k, v in bound.items() if k in names and names[k].kind != inspect.Parameter.VAR_KEYWORD}
+    rest = {k: v for k, v in bound.items() if k not in named}
+    return named, rest
+
+
+def _make_backend():
+    from fla.ops.backends import BaseBackend
+
+    fla_params = _fla_parameters()
+
+    class FlashqlaBackend(BaseBackend):
+        backend_type = BACKEND_TYPE
+        package_name = "flashqla"
+        env_var = "FLA_FLASHQLA"
+        default_enable = True
+        priority = PRIORITY
+
+        def chunk_gated_delta_rule_verifier(self, *args, **kwargs):
+            named, rest = _split(_bind(fla_params, args, kwargs))
+            defaults = {p.name: p.default for p in inspect.signature(_gdr.chunk_gated_delta_rule).parameters.values()
+                        if p.default is not inspect.Parameter.empty}
+            call = {**defaults, **named}
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                try:
+                    _gdr._prepare(call["q"], call["k"], call["v"], call["g"], call["beta"], call["scale"],
+                                  call["initial_state"], call["output_final_state"],
+                                  call["use_qk_l2norm_in_kernel"], call["use_beta_sigmoid_in_kernel"],
+                                  call["allow_neg_eigval"], call["state_v_first"], call["cu_seqlens"],
+                                  call["cu_seqlens_cpu"], call["chunk_indices"], call["cp_context"], rest,
+                                  resolve_gate=False)
+                except Exception as e:  # noqa: BLE001 - every refusal becomes FLA's "declined" reason
+                    return False, f"flashqla declines: {type(e).__name__}: {e}"
+            return True, None
+
+        def chunk_gated_delta_rule(self, *args, **kwargs):
+            named, rest = _split(_bind(fla_params, args, kwargs))
+            return _gdr.chunk_gated_delta_rule(**named, **rest)
+
+    return FlashqlaBackend()
+
+
+def register() -> bool:
+    """Registers flashqla with FLA's ``gated_delta_rule`` dispatch (idempotent).
+
+    Returns True when registered. Raises ImportError when FLA is not installed and
+    RuntimeError for an FLA whose dispatch this module does not know (not 0.5.x).
+    """
+    global _backend
+    try:
+        from fla.ops.gated_delta_rule.backends import gdr_registry
+    except ImportError as e:
+        import fla
+
+        if getattr(fla, "__version__", "").startswith("0.5"):
+            raise
+        raise RuntimeError(f"flashqla.fla_backend supports FLA 0.5.x dispatch; found FLA "
+                           f"{getattr(fla, '__version__', '?')}") from e
+    if _backend is None:
+        _backend = _make_backend()
+    gdr_registry.register(_backend)
+    return True
+
+
+def is_registered() -> bool:
+    try:
+        from fla.ops.gated_delta_rule.backends import gdr_registry
+    except ImportError:
+        return False
+    return any(getattr(b, "backend_type", None) == BACKEND_TYPE for b in _registered_backends(gdr_registry))
+
+
+def _registered_backends(registry) -> list:
+    backends = getattr(registry, "_backends", None)
+    if isinstance(backends, dict):
+        return list(backends.values())
+    return list(backends or [])

@@ -1,0 +1,241 @@
+"""The FLA-compatible API: ``chunk_gated_delta_rule`` and its low-level entries.
+
+``chunk_gated_delta_rule`` takes flash-linear-attention 0.5.x's arguments in FLA's
+order with FLA's defaults, returns what FLA returns (``o`` in q's dtype, the final
+state in fp32 or ``None``), and raises FLA's error types and messages for the inputs
+FLA rejects. Where FLA accepts something flashqla does not compute, flashqla raises
+``NotImplementedError`` naming it; unknown keyword arguments raise ``TypeError``
+(FLA ignores them silently).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+from . import _library, ops
+
+_TOKEN_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+_MAX_HEAD_DIM = 256
+
+
+@dataclass
+class _Call:
+    """A validated call, ready for the op."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    scale: float
+    initial_state: Optional[torch.Tensor]
+    output_final_state: bool
+    state_v_first: bool
+    use_qk_l2norm: bool
+    beta_activation: int
+    cu_seqlens: Optional[torch.Tensor]
+    cu_seqlens_cpu: Optional[torch.Tensor]
+
+
+def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+             use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu,
+             chunk_indices, cp_context, kwargs: dict[str, Any], resolve_gate: bool = True) -> _Call:
+    """Checks a call the way FLA does (same order, types and messages), then what
+    flashqla additionally needs, and resolves defaults. Raises on anything invalid or
+    unsupported; never mutates ``kwargs``. ``resolve_gate=False`` checks only (the
+    fused-gate transform of g is skipped)."""
+    kwargs = dict(kwargs)
+    # --- FLA 0.5.x's checks, in its order --------------------------------------------
+    if "transpose_state_layout" in kwargs:
+        if state_v_first:
+            raise ValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
+        warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
+                      DeprecationWarning, stacklevel=3)
+        state_v_first = kwargs.pop("transpose_state_layout")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+            raise ValueError(f"flashqla: {name} must be a 4-d tensor [B, T, heads, dim], "
+                             f"got {getattr(x, 'shape', type(x).__name__)}")
+    if q.shape[2] != k.shape[2]:
+        raise ValueError(f"q and k must have the same number of heads, but got q.shape[2]={q.shape[2]} "
+                         f"and k.shape[2]={k.shape[2]}")
+    H, HV = q.shape[2], v.shape[2]
+    if HV % H != 0:
+        raise ValueError(f"For GVA, num_v_heads (HV={HV}) must be evenly divisible by num_heads (H={H}), "
+                         f"but got HV % H = {HV % H}")
+    if "head_first" in kwargs:
+        raise DeprecationWarning("head_first has been removed. Inputs must be in `[B, T, H, ...]` format.")
+    chunk_size = kwargs.pop("chunk_size", 64)
+    if chunk_size not in (16, 32, 64):
+        raise ValueError(f"`chunk_size` must be 16, 32, or 64 for Gated Delta Rule, got {chunk_size}.")
+    use_gate_in_kernel = kwargs.pop("use_gate_in_kernel", False)
+    A_log = kwargs.pop("A_log", None)
+    dt_bias = kwargs.pop("dt_bias", None)
+    if kwargs:
+        name = next(iter(kwargs))
+        raise TypeError(f"chunk_gated_delta_rule() got an unexpected keyword argument '{name}'")
+    if cp_context is not None:
+        raise NotImplementedError("flashqla: cp_context (context parallelism across devices) is not "
+                                  "supported; intra-card sequence parallelism is automatic")
+    if cu_seqlens is not None:
+        if q.shape[0] != 1:
+            raise ValueError(f"The batch size is expected to be 1 rather than {q.shape[0]} when using "
+                             f"`cu_seqlens`.Please flatten variable-length inputs before processing.")
+        if initial_state is not None and initial_state.shape[0] != len(cu_seqlens) - 1:
+            raise ValueError(f"The number of initial states is expected to be equal to the number of input "
+                             f"sequences, i.e., {len(cu_seqlens) - 1} rather than {initial_state.shape[0]}.")
+    if use_gate_in_kernel and A_log is None:
+        raise AssertionError("A_log must be provided when use_gate_in_kernel=True.")  # FLA asserts here
+    if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
+        raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
+    if scale is None:
+        scale = k.shape[-1] ** -0.5
+
+    # --- what flashqla needs beyond FLA's checks --------------------------------------
+    B, T, _, K = q.shape
+    V = v.shape[-1]
+    if k.shape != q.shape:
+        raise ValueError(f"flashqla: k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
+    if v.shape[:2] != (B, T):
+        raise ValueError(f"flashqla: v must be [B={B}, T={T}, HV, V], got {tuple(v.shape)}")
+    for name, x in (("g", g), ("beta", beta)):
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (B, T, HV):
+            raise ValueError(f"flashqla: {name} must have shape [B, T, HV] = {[B, T, HV]}, "
+                             f"got {list(getattr(x, 'shape', []))}")
+    if K > _MAX_HEAD_DIM or V > _MAX_HEAD_DIM:
+        raise NotImplementedError(f"flashqla: head dims up to {_MAX_HEAD_DIM} are supported, got K={K}, V={V}")
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        if x.dtype not in _TOKEN_DTYPES:
+            raise NotImplementedError(f"flashqla: {name} has dtype {x.dtype}; supported: bfloat16, float16, "
+                                      f"float32 (float64 on CPU)")
+        if x.device != q.device:
+            raise ValueError(f"flashqla: {name} is on {x.device} but q is on {q.device}")
+    N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    if initial_state is not None:
+        expected = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+        if tuple(initial_state.shape) != expected:
+            raise ValueError(f"flashqla: initial_state must have shape {list(expected)} "
+                             f"([N, HV, {'V, K' if state_v_first else 'K, V'}]), got {list(initial_state.shape)}")
+        if not initial_state.dtype.is_floating_point:
+            raise ValueError(f"flashqla: initial_state must be a float tensor, got {initial_state.dtype}")
+    if cu_seqlens is not None:
+        if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"flashqla: cu_seqlens must be a 1-d int32/int64 tensor, got "
+                             f"{cu_seqlens.dim()}-d {cu_seqlens.dtype}")
+        if cu_seqlens_cpu is not None:
+            if cu_seqlens_cpu.device.type != "cpu" or cu_seqlens_cpu.shape != cu_seqlens.shape:
+                raise ValueError("flashqla: cu_seqlens_cpu must be a CPU copy of cu_seqlens (same length)")
+            cu_seqlens_cpu = cu_seqlens_cpu.to(cu_seqlens.dtype).contiguous()
+    else:
+        cu_seqlens_cpu = None
+    if q.is_cuda and not _library.CUDA_KERNELS_AVAILABLE:
+        raise NotImplementedError("flashqla: CUDA tensors need the sm_90a kernels, which are not part of this "
+                                  "version yet; pass CPU tensors to use the CPU backend")
+
+    if use_gate_in_kernel and resolve_gate:
+        # FLA's fused gate: g = -exp(A_log) * softplus(g + dt_bias), in fp32.
+        raw = g.float() if dt_bias is None else g.float() + dt_bias.float()
+        g = -A_log.float().exp() * F.softplus(raw)
+    return _Call(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state), bool(state_v_first),
+                 bool(use_qk_l2norm_in_kernel), _beta_activation(use_beta_sigmoid_in_kernel, allow_neg_eigval),
+                 cu_seqlens, cu_seqlens_cpu)
+
+
+def chunk_gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: Optional[float] = None,
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
+    chunk_indices: Optional[torch.Tensor] = None,
+    cp_context: Any = None,
+    **kwargs: Any,
+):
+    r"""Gated delta rule, chunked; a drop-in for FLA's ``chunk_gated_delta_rule``.
+
+    Args:
+        q, k: ``[B, T, H, K]``. v: ``[B, T, HV, V]`` with ``HV % H == 0``; value head
+            ``hv`` reads q/k head ``hv // (HV // H)``.
+        g: ``[B, T, HV]`` log decay per token (raw gate with ``use_gate_in_kernel``).
+        beta: ``[B, T, HV]`` (logits with ``use_beta_sigmoid_in_kernel``).
+        scale: output scale, ``K ** -0.5`` when ``None``.
+        initial_state: ``[N, HV, K, V]`` (``[N, HV, V, K]`` with ``state_v_first``), any
+            float dtype; N is B, or ``len(cu_seqlens) - 1`` with ``cu_seqlens``.
+        output_final_state: also return the final state (fp32).
+        use_qk_l2norm_in_kernel: l2-normalise q and k (``x * rsqrt(sum(x^2) + 1e-6)``).
+        use_beta_sigmoid_in_kernel / allow_neg_eigval: beta is ``sigmoid(beta)`` /
+            ``2 * sigmoid(beta)``.
+        state_v_first: states are ``[.., V, K]``.
+        cu_seqlens: ``[N + 1]`` int32/int64 boundaries of packed sequences (B must be 1).
+        cu_seqlens_cpu: a CPU copy of ``cu_seqlens``; lets every check run without a sync.
+        chunk_indices: accepted for compatibility and unused (flashqla plans on the device).
+        cp_context: not supported (``NotImplementedError``).
+        **kwargs: FLA's ``chunk_size`` (16/32/64; results do not depend on it),
+            ``use_gate_in_kernel`` with ``A_log`` / ``dt_bias``
+            (``g := -exp(A_log) * softplus(g + dt_bias)``), the deprecated
+            ``transpose_state_layout``. Anything else raises ``TypeError``.
+
+    Returns:
+        ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state fp32 or ``None``.
+    """
+    c = _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                 use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu,
+                 chunk_indices, cp_context, kwargs)
+    o, final_state = ops.gdn_fwd(c.q, c.k, c.v, c.g, c.beta, c.scale, c.initial_state, c.cu_seqlens,
+                                 c.cu_seqlens_cpu, c.output_final_state, c.state_v_first, c.use_qk_l2norm,
+                                 c.beta_activation)
+    return o, (final_state if c.output_final_state else None)
+
+
+def _beta_activation(use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool) -> int:
+    if allow_neg_eigval:
+        return ops.BETA_SIGMOID_X2
+    return ops.BETA_SIGMOID if use_beta_sigmoid_in_kernel else ops.BETA_IDENTITY
+
+
+def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state, output_final_state: bool,
+                               state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None,
+                               use_qk_l2norm_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
+                               allow_neg_eigval: bool = False):
+    """Low-level forward (no autograd bookkeeping beyond the op's own).
+
+    Returns ``(o, final_state)``; final_state is ``None`` unless ``output_final_state``.
+    The backward needs nothing from it: ``chunk_gated_delta_rule_bwd`` takes the same
+    inputs and recomputes the states.
+    """
+    o, final_state = ops.gdn_fwd(q, k, v, g, beta, float(scale), initial_state, cu_seqlens, cu_seqlens_cpu,
+                                 bool(output_final_state), bool(state_v_first), bool(use_qk_l2norm_in_kernel),
+                                 _beta_activation(use_beta_sigmoid_in_kernel, allow_neg_eigval))
+    return o, (final_state if output_final_state else None)
+
+
+def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state, do, dht,
+                               state_v_first: bool = False, cu_seqlens=None, cu_seqlens_cpu=None,
+                               use_qk_l2norm_in_kernel: bool = False, use_beta_sigmoid_in_kernel: bool = False,
+                               allow_neg_eigval: bool = False):
+    """Low-level backward from the forward's inputs, ``do`` and an optional ``dht``.
+
+    Returns ``(dq, dk, dv, dg, dbeta, dh0)``: dq/dk w.r.t. the raw q/k (through the
+    l2norm when enabled, dk summed over each GQA group), dg w.r.t. the raw per-token g,
+    dbeta w.r.t. the raw beta (through the sigmoid when enabled), dh0 fp32 or ``None``
+    without an initial state.
+    """
+    dq, dk, dv, dg, dbeta, dh0 = ops.gdn_bwd(
+        q, k, v, g, beta, float(scale), initial_state, cu_seqlens, cu_seqlens_cpu, do, dht,
+        bool(state_v_first), bool(use_qk_l2norm_in_kernel),
+        _beta_activation(use_beta_sigmoid_in_kernel, allow_neg_eigval))
+    return dq, dk, dv, dg, dbeta, (dh0 if initial_state is not None else None)
