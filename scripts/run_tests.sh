@@ -1,23 +1,22 @@
 #!/usr/bin/env bash
 # Set up and run the tests: installs missing prerequisites, fetches the CUTLASS
-# headers when nvcc is available, configures and builds build/, then runs the
-# whole ctest suite (GoogleTest cases and the find_package consumer check).
+# headers when nvcc is available, configures and builds build/, runs the whole
+# ctest suite (GoogleTest cases and the find_package consumer check), then sets
+# up .venv (torch, test requirements, `pip install .`) and runs the Python suite.
 # GPU-only test cases skip themselves on a machine without a GPU.
 set -euo pipefail
 source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib/build.sh"
 
 start=${SECONDS}
 
-# --- Python tests --------------------------------------------------------------
-# Placeholder for the Python test suite: does nothing until python/ or a
-# pyproject.toml exists in the repository.
+source "${FLASHQLA_REPO_ROOT}/scripts/lib/python_env.sh"
+
+# The Python suite runs on the CPU backend here; its GPU tests (marked gpu) run
+# wherever CUDA exists and skip only where it does not.
 run_python_tests() {
-  if [[ ! -d "${FLASHQLA_REPO_ROOT}/python" && ! -f "${FLASHQLA_REPO_ROOT}/pyproject.toml" ]]; then
-    fq_log "python tests: no python/ or pyproject.toml, nothing to run"
-    return 0
-  fi
-  fq_log "python tests: not wired up yet"
-  return 0
+  fq_setup_python
+  fq_log "running pytest"
+  (cd "${FLASHQLA_REPO_ROOT}" && "${FLASHQLA_PYTHON}" -m pytest -q tests/python)
 }
 
 fq_setup_and_build

@@ -5,8 +5,8 @@
 //   flashqla::gdn_fwd  -> (o, final_state)
 //   flashqla::gdn_bwd  -> (dq, dk, dv, dg, dbeta, dh0)
 //
-// Outputs are allocated here on the inputs' device; final_state / dh0 are
-// 0-element tensors when not requested / when there is no initial state.
+// Outputs are allocated here on the inputs' device; final_state / dh0 are fp32
+// (fp64 for fp64 inputs), 0-element when not requested / without an initial state.
 // The Python layer adds fake (meta) implementations and autograd.
 #include <dlfcn.h>
 
@@ -162,6 +162,11 @@ flashqla_gdn_fwd_params_t common_params(const Tensor& q, const Tensor& k, const 
   return p;
 }
 
+// States (final_state, dh0) are fp32, or fp64 when the inputs are fp64.
+ScalarType state_dtype(const Tensor& q) {
+  return q.scalar_type() == ScalarType::Double ? ScalarType::Double : ScalarType::Float;
+}
+
 std::vector<int64_t> state_shape(const flashqla_gdn_fwd_params_t& p, int64_t n, bool v_first) {
   return v_first ? std::vector<int64_t>{n, p.HV, p.V, p.K} : std::vector<int64_t>{n, p.HV, p.K, p.V};
 }
@@ -192,7 +197,7 @@ std::tuple<Tensor, Tensor> gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tenso
   Tensor o = torch::stable::new_empty(q, {p.B, p.T, p.HV, p.V});
   Tensor final_state = torch::stable::new_empty(
       q, output_final_state ? state_shape(p, N, state_v_first) : std::vector<int64_t>{0},
-      ScalarType::Float);
+      state_dtype(q));
   p.o = describe(o, "o", 4);
   if (output_final_state) {
     p.final_state = describe(final_state, "final_state", 4);
@@ -233,7 +238,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> gdn_bwd(
   Tensor dh0 = torch::stable::new_empty(
       q, initial_state.has_value() ? state_shape(p.fwd, initial_state->size(0), state_v_first)
                                    : std::vector<int64_t>{0},
-      ScalarType::Float);
+      state_dtype(q));
   p.dq = describe(dq, "dq", 4);
   p.dk = describe(dk, "dk", 4);
   p.dv = describe(dv, "dv", 4);

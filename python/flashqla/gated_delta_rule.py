@@ -190,7 +190,8 @@ def chunk_gated_delta_rule(
             ``transpose_state_layout``. Anything else raises ``TypeError``.
 
     Returns:
-        ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state fp32 or ``None``.
+        ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state fp32 (fp64 for
+        fp64 inputs) or ``None``.
     """
     c = _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                  use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu,
@@ -231,8 +232,8 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state, do
 
     Returns ``(dq, dk, dv, dg, dbeta, dh0)``: dq/dk w.r.t. the raw q/k (through the
     l2norm when enabled, dk summed over each GQA group), dg w.r.t. the raw per-token g,
-    dbeta w.r.t. the raw beta (through the sigmoid when enabled), dh0 fp32 or ``None``
-    without an initial state.
+    dbeta w.r.t. the raw beta (through the sigmoid when enabled), dh0 fp32 (fp64 for fp64
+    inputs) or ``None`` without an initial state.
     """
     dq, dk, dv, dg, dbeta, dh0 = ops.gdn_bwd(
         q, k, v, g, beta, float(scale), initial_state, cu_seqlens, cu_seqlens_cpu, do, dht,

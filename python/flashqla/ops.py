@@ -28,6 +28,10 @@ def _state_shape(q, v, n, state_v_first):
     return (n, HV, V, K) if state_v_first else (n, HV, K, V)
 
 
+def _state_dtype(q):
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
 def _num_sequences(q, cu_seqlens):
     return q.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
 
@@ -38,7 +42,7 @@ def _gdn_fwd_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens
     B, T, HV, V = v.shape
     o = q.new_empty((B, T, HV, V))
     shape = _state_shape(q, v, _num_sequences(q, cu_seqlens), state_v_first) if output_final_state else (0,)
-    return o, q.new_empty(shape, dtype=torch.float32)
+    return o, q.new_empty(shape, dtype=_state_dtype(q))
 
 
 @torch.library.register_fake("flashqla::gdn_bwd")
@@ -50,7 +54,7 @@ def _gdn_bwd_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens
             torch.empty_like(v, memory_format=torch.contiguous_format),
             torch.empty_like(g, memory_format=torch.contiguous_format),
             torch.empty_like(beta, memory_format=torch.contiguous_format),
-            q.new_empty(dh0_shape, dtype=torch.float32))
+            q.new_empty(dh0_shape, dtype=_state_dtype(q)))
 
 
 def _setup_context(ctx, inputs, output):
