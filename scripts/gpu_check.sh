@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine: build everything with the CUDA backend, run the whole
-# C++ suite (GPU tests must run there, never skip), and print a short table.
-# Needs third_party/ from scripts/prepare_device.sh (carried with the call).
-# Logs go to $OUT when it is set.
+# C++ suite, `pip install .` the Python package into the machine's torch
+# environment, run the Python suite (GPU tests must run there, never skip), and
+# print a short table.
+# Needs third_party/ (and .whl/ with the FLA wheels) from
+# scripts/prepare_device.sh, carried with the call. Logs go to $OUT when set.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/flashqla-gpu-check}"
@@ -36,6 +38,25 @@ failed=$(grep -cE "Test +#[0-9]+: .*(\*\*\*|  Failed)" "${out}/ctest.log")
 skipped=$(grep -c "(Skipped)" "${out}/ctest.log")
 gpu_ran=$(grep -cE "CudaBackend\..*Passed" "${out}/ctest.log")
 
+# --- Python package and suite ---------------------------------------------------
+py=python3
+if compgen -G ".whl/*.whl" >/dev/null; then
+  ${py} -m pip install -q --no-index --no-deps .whl/*.whl > "${out}/pip-wheels.log" 2>&1
+fi
+start=${SECONDS}
+# No package index is reachable there; the build needs none (see pyproject.toml).
+${py} -m pip install --no-index . > "${out}/pip-install.log" 2>&1
+pip_rc=$?
+pip_s=$((SECONDS - start))
+[[ ${pip_rc} -eq 0 ]] || tail -n 40 "${out}/pip-install.log"
+start=${SECONDS}
+${py} -m pytest -q -rs -p no:cacheprovider tests/python > "${out}/pytest.log" 2>&1
+pytest_rc=$?
+pytest_s=$((SECONDS - start))
+grep -E "^(FAILED|ERROR|SKIPPED)" "${out}/pytest.log" | head -n 30
+py_summary=$(tail -n 1 "${out}/pytest.log")
+py_gpu_skipped=$(grep -cE "^SKIPPED.*test_gpu" "${out}/pytest.log")
+
 echo
 echo "| step                         | result |"
 echo "|------------------------------|--------|"
@@ -45,4 +66,8 @@ printf "| tests total                  | %6s |\n" "${total:-?}"
 printf "| tests failed                 | %6s |\n" "${failed:-?}"
 printf "| tests skipped (must be 0)    | %6s |\n" "${skipped}"
 printf "| CUDA backend tests passed    | %6s |\n" "${gpu_ran}"
-[[ ${ctest_rc} -eq 0 && ${skipped} -eq 0 ]]
+printf "| pip install . (s, rc)        | %3s %2s |\n" "${pip_s}" "${pip_rc}"
+printf "| pytest (s, rc)               | %3s %2s |\n" "${pytest_s}" "${pytest_rc}"
+printf "| python GPU tests skipped     | %6s |\n" "${py_gpu_skipped}"
+echo "pytest: ${py_summary}"
+[[ ${ctest_rc} -eq 0 && ${skipped} -eq 0 && ${pip_rc} -eq 0 && ${pytest_rc} -eq 0 && ${py_gpu_skipped} -eq 0 ]]
