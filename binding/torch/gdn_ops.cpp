@@ -99,6 +99,19 @@ flashqla_stream_t current_cuda_stream(int32_t device) {
   return static_cast<flashqla_stream_t>(stream);
 }
 
+// The C API needs a unit stride in each tensor's last dimension; the rare input
+// without one (a column-major view, an expanded scalar) is copied here, as FLA
+// makes every input contiguous. Views with a contiguous last dimension — slices
+// of a packed qkv projection — are passed through without a copy.
+Tensor unit_last_stride(const Tensor& t) {
+  const int64_t d = t.dim();
+  return d > 0 && t.size(d - 1) > 1 && t.stride(d - 1) != 1 ? torch::stable::contiguous(t) : t;
+}
+
+std::optional<Tensor> unit_last_stride(const std::optional<Tensor>& t) {
+  return t.has_value() ? std::optional<Tensor>(unit_last_stride(*t)) : std::nullopt;
+}
+
 // The sizes and inputs shared by forward and backward.
 flashqla_gdn_fwd_params_t common_params(const Tensor& q, const Tensor& k, const Tensor& v,
                                         const Tensor& g, const Tensor& beta, double scale,
@@ -190,6 +203,12 @@ std::tuple<Tensor, Tensor> gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tenso
                                    std::optional<Tensor> cu_seqlens_cpu, bool output_final_state,
                                    bool state_v_first, bool use_qk_l2norm,
                                    int64_t beta_activation) {
+  q = unit_last_stride(q);
+  k = unit_last_stride(k);
+  v = unit_last_stride(v);
+  g = unit_last_stride(g);
+  beta = unit_last_stride(beta);
+  initial_state = unit_last_stride(initial_state);
   flashqla_gdn_fwd_params_t p =
       common_params(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
                     state_v_first, use_qk_l2norm, beta_activation);
@@ -213,16 +232,19 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> gdn_bwd(
     std::optional<Tensor> initial_state, std::optional<Tensor> cu_seqlens,
     std::optional<Tensor> cu_seqlens_cpu, Tensor d_o, std::optional<Tensor> d_final_state,
     bool state_v_first, bool use_qk_l2norm, int64_t beta_activation) {
+  q = unit_last_stride(q);
+  k = unit_last_stride(k);
+  v = unit_last_stride(v);
+  g = unit_last_stride(g);
+  beta = unit_last_stride(beta);
+  initial_state = unit_last_stride(initial_state);
+  // Incoming gradients are often expanded views (stride 0, e.g. from .sum()).
+  d_o = unit_last_stride(d_o);
+  d_final_state = unit_last_stride(d_final_state);
   flashqla_gdn_bwd_params_t p;
   flashqla_gdn_bwd_params_init(&p);
   p.fwd = common_params(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
                         state_v_first, use_qk_l2norm, beta_activation);
-  // Incoming gradients are often expanded views (stride 0, e.g. from .sum()).
-  if (d_o.dim() > 0 && d_o.stride(d_o.dim() - 1) != 1) d_o = torch::stable::contiguous(d_o);
-  if (d_final_state.has_value() && d_final_state->dim() > 0 &&
-      d_final_state->stride(d_final_state->dim() - 1) != 1) {
-    d_final_state = torch::stable::contiguous(*d_final_state);
-  }
   expect_shape(d_o, "do", {p.fwd.B, p.fwd.T, p.fwd.HV, p.fwd.V});
   p.d_o = describe(d_o, "do", 4);
   if (d_final_state.has_value()) {

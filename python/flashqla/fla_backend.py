@@ -47,10 +47,9 @@ def _bind(fla_params: list[str], args: tuple, kwargs: dict[str, Any]) -> dict[st
     return bound
 
 
-def _split(bound: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _split(own_names: list[str], bound: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Named parameters of flashqla's function, and the rest (its **kwargs)."""
-    names = inspect.signature(_gdr.chunk_gated_delta_rule).parameters
-    named = {k: v for k, v in bound.items() if k in names and names[k].kind != inspect.Parameter.VAR_KEYWORD}
+    named = {k: v for k, v in bound.items() if k in own_names}
     rest = {k: v for k, v in bound.items() if k not in named}
     return named, rest
 
@@ -59,6 +58,11 @@ def _make_backend():
     from fla.ops.backends import BaseBackend
 
     fla_params = _fla_parameters()
+    # flashqla's own parameters, read once (a later wrapper around the function must
+    # not change what the verifier understands).
+    own = inspect.signature(_gdr.chunk_gated_delta_rule).parameters
+    own_names = [name for name, p in own.items() if p.kind != inspect.Parameter.VAR_KEYWORD]
+    defaults = {name: p.default for name, p in own.items() if p.default is not inspect.Parameter.empty}
 
     class FlashqlaBackend(BaseBackend):
         backend_type = BACKEND_TYPE
@@ -68,9 +72,7 @@ def _make_backend():
         priority = PRIORITY
 
         def chunk_gated_delta_rule_verifier(self, *args, **kwargs):
-            named, rest = _split(_bind(fla_params, args, kwargs))
-            defaults = {p.name: p.default for p in inspect.signature(_gdr.chunk_gated_delta_rule).parameters.values()
-                        if p.default is not inspect.Parameter.empty}
+            named, rest = _split(own_names, _bind(fla_params, args, kwargs))
             call = {**defaults, **named}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -86,7 +88,7 @@ def _make_backend():
             return True, None
 
         def chunk_gated_delta_rule(self, *args, **kwargs):
-            named, rest = _split(_bind(fla_params, args, kwargs))
+            named, rest = _split(own_names, _bind(fla_params, args, kwargs))
             return _gdr.chunk_gated_delta_rule(**named, **rest)
 
     return FlashqlaBackend()

@@ -78,4 +78,7 @@ def _backward(ctx, do, dht):
     return dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None, None, None
 
 
-torch.library.register_autograd("flashqla::gdn_fwd", _backward, setup_context=_setup_context)
+# The backward is not itself differentiable: a second-order backward must fail loudly
+# rather than return zeros.
+torch.library.register_autograd("flashqla::gdn_fwd", torch.autograd.function.once_differentiable(_backward),
+                                setup_context=_setup_context)

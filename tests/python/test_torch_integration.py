@@ -62,14 +62,18 @@ def _inputs(case: dict, dtype: torch.dtype, requires_grad: bool, seed: int = 0):
         g, beta = g.to(dtype), beta.to(dtype)
         h0 = h0.to(dtype) if h0 is not None else None
     if case.get("strided"):
-        # q, k, v as views into one packed projection [B, T, H*K + H*K + HV*V] (unit
-        # stride only in the last dimension), g and beta as views of one [B, T, 2*HV].
+        # q, k, v as views into one packed projection [B, T, H*K + H*K + HV*V], g and beta
+        # as views of one [B, T, 2*HV], the state as a slice of a wider buffer: strided
+        # everywhere except the last dimension (unit stride there, as the op requires).
         packed = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], dim=-1).contiguous()
         q = packed[..., :H * K].unflatten(-1, (H, K))
         k = packed[..., H * K:2 * H * K].unflatten(-1, (H, K))
         v = packed[..., 2 * H * K:].unflatten(-1, (HV, V))
-        gates = torch.stack([g, beta], dim=-1).contiguous()
-        g, beta = gates[..., 0], gates[..., 1]
+        gates = torch.cat([g, beta], dim=-1).contiguous()
+        g, beta = gates[..., :HV], gates[..., HV:]
+        if h0 is not None:
+            h0 = torch.cat([h0, torch.zeros_like(h0)], dim=-1)[..., :h0.shape[-1]]
+            assert not h0.is_contiguous()
         assert not q.is_contiguous() and not g.is_contiguous()
         if requires_grad:
             # keep the strided views as leaves of the autograd graph
@@ -114,13 +118,15 @@ def test_opcheck_gdn_fwd(name, dtype):
     assert o.requires_grad and o.grad_fn is not None
 
 
+# dht (the final state's gradient) only exists for cases whose forward returns a final state
+BWD_CASES = [pytest.param(name, with_dht, id=f"{name}-{'dht' if with_dht else 'no_dht'}")
+             for name, case in CASES.items() for with_dht in ((False, True) if case.get("final") else (False,))]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("with_dht", [False, True], ids=["no_dht", "dht"])
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name,with_dht", BWD_CASES)
 def test_opcheck_gdn_bwd(name, with_dht, dtype):
     case = CASES[name]
-    if with_dht and not case.get("final"):
-        pytest.skip("dht only exists when the forward returns a final state")
     # gdn_bwd is the backward formula itself and has no derivative of its own
     # (double backward is not supported), so its inputs do not require grad.
     args = _inputs(case, dtype, requires_grad=False)
@@ -133,6 +139,22 @@ def test_opcheck_gdn_bwd(name, with_dht, dtype):
         dht = torch.randn((n, HV, V, K) if v_first else (n, HV, K, V), generator=gen)
     args += [do, dht, v_first, l2norm, beta_act]
     _assert_opcheck(torch.library.opcheck(GDN_BWD, tuple(args), test_utils=OPCHECK_TESTS))
+
+
+@pytest.mark.parametrize("name", ["h0_final", "everything"])
+def test_opcheck_float64(name):
+    """fp64 inputs (CPU): states and their gradients are fp64 too."""
+    case = CASES[name]
+    args = _inputs(case, torch.float64, requires_grad=True)
+    v_first, l2norm, beta_act = _flags(case)
+    fwd_args = args + [True, v_first, l2norm, beta_act]
+    _assert_opcheck(torch.library.opcheck(GDN_FWD, tuple(fwd_args), test_utils=OPCHECK_TESTS))
+    o, ht = GDN_FWD(*fwd_args)
+    assert o.dtype == torch.float64 and ht.dtype == torch.float64
+    bwd_args = [a.detach() if isinstance(a, torch.Tensor) else a for a in args]
+    bwd_args += [torch.randn_like(o.detach()), torch.randn_like(ht.detach()), v_first, l2norm, beta_act]
+    _assert_opcheck(torch.library.opcheck(GDN_BWD, tuple(bwd_args), test_utils=OPCHECK_TESTS))
+    assert GDN_BWD(*bwd_args)[5].dtype == torch.float64
 
 
 def test_opcheck_gdn_fwd_batched():
@@ -150,7 +172,7 @@ def test_fake_tensor_shapes_match_real():
 
     for name in ("h0_final", "varlen_i64_cpu_copy", "state_v_first_varlen", "plain", "low_precision_gates"):
         case = CASES[name]
-        for dtype in (torch.float32, torch.bfloat16):
+        for dtype in (torch.float32, torch.bfloat16, torch.float64):
             args = _inputs(case, dtype, requires_grad=False)
             v_first, l2norm, beta_act = _flags(case)
             fwd_args = args + [case.get("final", False), v_first, l2norm, beta_act]
@@ -165,6 +187,58 @@ def test_fake_tensor_shapes_match_real():
                 faked = GDN_FWD(*map(fake, fwd_args)) + GDN_BWD(*map(fake, bwd_args))
             for r, f in zip(real, faked):
                 assert (tuple(r.shape), r.dtype, r.device) == (tuple(f.shape), f.dtype, f.device), (name, dtype)
+
+
+def _non_unit_last_stride(name: str, t: torch.Tensor) -> torch.Tensor:
+    """The same values as ``t`` with a last-dimension stride other than 1."""
+    if name == "beta_expanded":
+        return t[..., :1].expand(t.shape)  # stride 0, e.g. a constant beta broadcast over heads
+    if name == "g_column":
+        return torch.stack([t, torch.zeros_like(t)], dim=-1)[..., 0]  # stride 2
+    # a transposed (column-major) copy of the last two dimensions
+    return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+
+@pytest.mark.parametrize("which", ["q_column_major", "v_column_major", "g_column", "beta_expanded",
+                                   "initial_state_column_major"])
+def test_inputs_with_non_unit_last_stride(which):
+    """Any strided tensor is a valid input to a torch op (FLA's function accepts them too):
+    the result must equal the one for the contiguous copy, forward and backward."""
+    x = make_inputs(B=1, T=40, H=2, HV=4, K=16, V=16, requires_grad=True)
+    name = {"q_column_major": "q", "v_column_major": "v", "g_column": "g", "beta_expanded": "beta",
+            "initial_state_column_major": "initial_state"}[which]
+    if which == "beta_expanded":
+        x["beta"] = torch.full_like(x["beta"], 0.7).requires_grad_(True)
+    y = dict(x)
+    # a leaf of its own (detach keeps the strides), so its gradient is comparable
+    y[name] = _non_unit_last_stride(which, x[name].detach()).requires_grad_(True)
+    assert torch.equal(y[name], x[name]) and y[name].stride(-1) != 1
+    o_ref, ht_ref = flashqla.chunk_gated_delta_rule(**x, output_final_state=True)
+    grads_ref = torch.autograd.grad((o_ref.sum() + ht_ref.sum()), list(x.values()))
+    o, ht = flashqla.chunk_gated_delta_rule(**y, output_final_state=True)
+    grads = torch.autograd.grad((o.sum() + ht.sum()), list(y.values()))
+    assert torch.equal(o, o_ref) and torch.equal(ht, ht_ref)
+    for a, b in zip(grads, grads_ref):
+        assert torch.equal(a, b)
+
+
+def test_double_backward_is_refused_or_correct():
+    """gdn_bwd has no derivative of its own. A second-order gradient must then either be
+    refused (an error) or be right; a silent wrong value (e.g. zeros) is not acceptable."""
+    x = make_inputs(B=1, T=20, H=1, HV=2, K=8, V=8, dtype=torch.float64, requires_grad=True)
+
+    def second_order(o):
+        (gv,) = torch.autograd.grad(o.pow(2).sum(), [x["v"]], create_graph=True)
+        return torch.autograd.grad(gv.pow(2).sum(), [x["v"]])[0]
+
+    expected = second_order(gdn_reference(**x)[0])
+    assert expected.abs().max() > 1e-3
+    o, _ = flashqla.chunk_gated_delta_rule(**x)
+    try:
+        got = second_order(o)
+    except RuntimeError:
+        return  # refused: fine
+    assert rel_error(got, expected) < 1e-6, "double backward returned a wrong gradient without an error"
 
 
 # --------------------------------------------------------------------------------------
@@ -212,10 +286,13 @@ def _layer_inputs(cu, seed):
     return x, h0, torch.tensor(cu, dtype=torch.int32), w_out, w_state
 
 
-def _run(model, fn, x, h0, cu, w_out, w_state):
+def _run(model, fn, x, h0, cu, w_out, w_state, mark_tokens_dynamic=False):
     model.zero_grad(set_to_none=True)
     h0 = h0.detach().requires_grad_(True)
     x = x.detach().requires_grad_(True)
+    if mark_tokens_dynamic:
+        # raises if anything on the path specializes the token count
+        torch._dynamo.mark_dynamic(x, 1)
     out, ht = fn(x, h0, cu)
     loss = (out * w_out).sum() + (ht * w_state).sum()
     loss.backward()
@@ -224,9 +301,9 @@ def _run(model, fn, x, h0, cu, w_out, w_state):
     return out.detach(), ht.detach(), grads
 
 
-def _assert_matches_eager(model, compiled, inputs, tol=1e-5):
+def _assert_matches_eager(model, compiled, inputs, tol=1e-5, mark_tokens_dynamic=False):
     eager = _run(model, model, *inputs)
-    comp = _run(model, compiled, *inputs)
+    comp = _run(model, compiled, *inputs, mark_tokens_dynamic=mark_tokens_dynamic)
     assert rel_error(comp[0], eager[0]) <= tol
     assert rel_error(comp[1], eager[1]) <= tol
     assert set(comp[2]) == set(eager[2]) and len(comp[2]) == len(list(model.parameters())) + 2
@@ -315,6 +392,24 @@ def test_compiled_graphs_contain_the_ops(fresh_dynamo):
     assert GDN_BWD not in targets(graphs["fw"])
 
 
+def test_compile_without_initial_state_and_unused_final_state(fresh_dynamo):
+    """No initial state, and a loss that ignores the final state (its gradient is None)."""
+    model = GDNLayer(l2norm_in_kernel=False)
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    x, _, cu, w_out, _ = _layer_inputs([0, 44, 70], seed=8)
+    results = []
+    for fn in (model, compiled):
+        model.zero_grad(set_to_none=True)
+        out, ht = fn(x, None, cu)
+        (out * w_out).sum().backward()
+        results.append((out.detach(), ht.detach(), [p.grad.clone() for p in model.parameters()]))
+    (oe, he, ge), (oc, hc, gc) = results
+    assert rel_error(oc, oe) <= 1e-6 and rel_error(hc, he) <= 1e-6
+    for a, b in zip(gc, ge):
+        assert rel_error(a, b) <= 1e-6
+    assert _graph_breaks() == 0
+
+
 @pytest.mark.parametrize("mode", ["mark_dynamic", "dynamic=True"])
 def test_compile_dynamic_token_count(mode, fresh_dynamo):
     from torch._dynamo.testing import CompileCounterWithBackend
@@ -324,12 +419,8 @@ def test_compile_dynamic_token_count(mode, fresh_dynamo):
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(model, backend=counter, fullgraph=True, dynamic=(mode == "dynamic=True"))
     for i, cu in enumerate(([0, 33, 70], [0, 64, 101], [0, 3, 130])):
-        x, h0, cu_t, w_out, w_state = _layer_inputs(cu, seed=10 + i)
-        if mode == "mark_dynamic":
-            # raises if anything on the path specializes the token count
-            torch._dynamo.mark_dynamic(x, 1)
-            torch._dynamo.mark_dynamic(w_out, 1)
-        _assert_matches_eager(model, compiled, (x, h0, cu_t, w_out, w_state))
+        _assert_matches_eager(model, compiled, _layer_inputs(cu, seed=10 + i),
+                              mark_tokens_dynamic=(mode == "mark_dynamic"))
     assert counter.frame_count == 1, "a new token count recompiled"
     assert _graph_breaks() == 0
 

@@ -1,0 +1,374 @@
+"""flashqla as a backend of flash-linear-attention's dispatch: registration and its
+priority, FLA's entry point really running flashqla (forward and backward, every
+calling convention and FLA's fused-gate kwargs), the verifier's refusals, and the
+switches (FLA_FLASHQLA=0, FLASHQLA_FLA_BACKEND=0)."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("fla.ops.gated_delta_rule")
+
+import flashqla  # noqa: E402  (registers the backend)
+import flashqla.fla_backend  # noqa: E402
+from conftest import gdn_reference, make_inputs, rel_error  # noqa: E402
+from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gated_delta_rule  # noqa: E402
+from fla.ops.gated_delta_rule.backends import gdr_registry  # noqa: E402
+
+pytestmark = pytest.mark.fla
+
+gdr_module = importlib.import_module("flashqla.gated_delta_rule")
+direct = flashqla.chunk_gated_delta_rule  # the package-level name; never patched below
+
+
+def backend():
+    return gdr_registry._backends["flashqla"]
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Counts the calls that reach flashqla's function through its module attribute
+    (which is what the backend calls)."""
+    record = []
+    original = gdr_module.chunk_gated_delta_rule
+
+    @functools.wraps(original)  # keeps the signature, which the backend reads to bind FLA's arguments
+    def counting(*args, **kwargs):
+        record.append((args, kwargs))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(gdr_module, "chunk_gated_delta_rule", counting)
+    return record
+
+
+# --------------------------------------------------------------------------------------
+# registration
+# --------------------------------------------------------------------------------------
+
+
+def test_registered_on_import():
+    assert flashqla.fla_backend.is_registered()
+    assert "flashqla" in gdr_registry._backends
+    be = backend()
+    assert be.backend_type == "flashqla" and be.env_var == "FLA_FLASHQLA" and be.package_name == "flashqla"
+    assert be.is_available() and be.default_enable
+
+
+def test_priority_before_flash_qla():
+    be = backend()
+    assert "flash_qla" in gdr_registry._backends, "FLA 0.5.x registers QwenLM FlashQLA's backend"
+    flash_qla = gdr_registry._backends["flash_qla"]
+    assert flash_qla.priority == 3
+    assert be.priority < flash_qla.priority
+    order = [b.backend_type for b in gdr_registry._get_sorted_backends()]
+    assert order.index("flashqla") < order.index("flash_qla")
+
+
+def test_register_twice_is_idempotent():
+    before = list(gdr_registry._backends)
+    assert flashqla.fla_backend.register() is True
+    assert flashqla.fla_backend.register() is True
+    assert list(gdr_registry._backends) == before
+    assert [b.backend_type for b in gdr_registry._backends.values()].count("flashqla") == 1
+    assert flashqla.fla_backend.is_registered()
+
+
+def _is_registered_in_subprocess(env_value):
+    env = dict(os.environ)
+    env.pop("FLASHQLA_FLA_BACKEND", None)
+    if env_value is not None:
+        env["FLASHQLA_FLA_BACKEND"] = env_value
+    code = "import flashqla, flashqla.fla_backend; print(flashqla.fla_backend.is_registered())"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_flashqla_fla_backend_env_switch():
+    assert _is_registered_in_subprocess("0") == "False"
+    assert _is_registered_in_subprocess(None) == "True"
+
+
+# --------------------------------------------------------------------------------------
+# FLA's entry point runs flashqla
+# --------------------------------------------------------------------------------------
+
+
+def _inputs(**kw):
+    base = dict(B=2, T=70, H=1, HV=2, K=16, V=16)
+    base.update(kw)
+    return make_inputs(**base)
+
+
+def test_keyword_call_runs_flashqla(calls):
+    x = _inputs()
+    o, ht = fla_chunk_gated_delta_rule(**x, output_final_state=True)
+    assert len(calls) == 1
+    o2, ht2 = direct(**x, output_final_state=True)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+    o_ref, ht_ref = gdn_reference(**x)
+    assert rel_error(o, o_ref) < 1e-5 and rel_error(ht, ht_ref) < 1e-5
+
+
+def test_defaults_return_no_final_state(calls):
+    x = _inputs(h0=False)
+    del x["initial_state"]
+    o, ht = fla_chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])
+    assert len(calls) == 1 and ht is None
+    assert torch.equal(o, direct(x["q"], x["k"], x["v"], x["g"], x["beta"])[0])
+    assert rel_error(o, gdn_reference(**x)[0]) < 1e-5
+
+
+def test_positional_call_in_fla_order(calls):
+    """Every FLA parameter positionally (FLA's order: ..., cu_seqlens, cu_seqlens_cpu, cp_context)."""
+    x = _inputs(B=1, T=90, cu_seqlens=[0, 31, 31, 90], state_v_first=True, normalize_qk=False,
+                beta_logits=True)
+    cu = x["cu_seqlens"]
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"], 0.3, x["initial_state"], True, True, True, True, True,
+            cu, cu.cpu().clone(), None)
+    o, ht = fla_chunk_gated_delta_rule(*args)
+    assert len(calls) == 1
+    o2, ht2 = direct(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=0.3, initial_state=x["initial_state"],
+                     output_final_state=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                     allow_neg_eigval=True, state_v_first=True, cu_seqlens=cu, cu_seqlens_cpu=cu.cpu().clone())
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+    o_ref, ht_ref = gdn_reference(**x, scale=0.3, state_v_first=True, use_qk_l2norm=True, beta_sigmoid=True,
+                                  allow_neg_eigval=True)
+    assert rel_error(o, o_ref) < 1e-5 and rel_error(ht, ht_ref) < 1e-5
+
+
+def test_mixed_positional_and_keyword_call(calls):
+    x = _inputs(B=3, T=40, K=32, V=8)
+    o, ht = fla_chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"],
+                                       output_final_state=True, chunk_size=32)
+    assert len(calls) == 1
+    o2, ht2 = direct(**x, output_final_state=True)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+
+
+@pytest.mark.parametrize("cu_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("with_cpu_copy", [False, True], ids=["no_cpu_copy", "cpu_copy"])
+def test_varlen_state_v_first_l2norm(calls, cu_dtype, with_cpu_copy):
+    x = _inputs(B=1, T=100, H=2, HV=4, cu_seqlens=[0, 7, 64, 65, 100], state_v_first=True, normalize_qk=False)
+    x["cu_seqlens"] = x["cu_seqlens"].to(cu_dtype)
+    extra = dict(cu_seqlens_cpu=x["cu_seqlens"].clone()) if with_cpu_copy else {}
+    kw = dict(output_final_state=True, state_v_first=True, use_qk_l2norm_in_kernel=True, **extra)
+    o, ht = fla_chunk_gated_delta_rule(**x, **kw)
+    assert len(calls) == 1
+    o2, ht2 = direct(**x, **kw)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+    assert ht.shape == (4, 4, 16, 16)
+    o_ref, ht_ref = gdn_reference(**x, state_v_first=True, use_qk_l2norm=True)
+    assert rel_error(o, o_ref) < 1e-5 and rel_error(ht, ht_ref) < 1e-5
+
+
+def test_bfloat16_call(calls):
+    x = _inputs(dtype=torch.bfloat16)
+    o, ht = fla_chunk_gated_delta_rule(**x, output_final_state=True)
+    assert len(calls) == 1 and o.dtype == torch.bfloat16 and ht.dtype == torch.float32
+    o2, ht2 = direct(**x, output_final_state=True)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+    o_ref, ht_ref = gdn_reference(**x)
+    assert rel_error(o, o_ref) < 2e-2 and rel_error(ht, ht_ref) < 1e-2
+
+
+def test_deprecated_transpose_state_layout(calls):
+    x = _inputs(state_v_first=True)
+    with pytest.warns(DeprecationWarning):
+        o, ht = fla_chunk_gated_delta_rule(**x, output_final_state=True, transpose_state_layout=True)
+    assert len(calls) == 1
+    o2, ht2 = direct(**x, output_final_state=True, state_v_first=True)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+
+
+def _fused_gate_inputs(seed=0, requires_grad=False):
+    x = _inputs(B=1, T=80, H=2, HV=4, K=16, V=16, cu_seqlens=[0, 50, 80], beta_logits=True, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 100)
+    x["g"] = torch.randn(1, 80, 4, generator=gen)  # raw gate (a_proj output)
+    A_log = torch.log(torch.empty(4).uniform_(1, 16, generator=gen))
+    dt_bias = torch.randn(4, generator=gen) * 0.5
+    if requires_grad:
+        for t in (x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], A_log, dt_bias):
+            t.requires_grad_(True)
+    return x, A_log, dt_bias
+
+
+def test_fused_gate_kwargs_as_gated_deltanet_passes_them(calls):
+    x, A_log, dt_bias = _fused_gate_inputs(requires_grad=True)
+    gate = dict(use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias, use_beta_sigmoid_in_kernel=True)
+    o, ht = fla_chunk_gated_delta_rule(**x, output_final_state=True, **gate)
+    assert len(calls) == 1
+    assert calls[0][1]["A_log"] is A_log and calls[0][1]["use_gate_in_kernel"] is True
+    o2, ht2 = direct(**x, output_final_state=True, **gate)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+
+    g_ref = -A_log.double().exp() * F.softplus(x["g"].double() + dt_bias.double())
+    beta_ref = torch.sigmoid(x["beta"].double())
+    ref_inputs = dict(x, g=g_ref, beta=beta_ref)
+    o_ref, ht_ref = gdn_reference(**ref_inputs)
+    assert rel_error(o, o_ref) < 1e-5 and rel_error(ht, ht_ref) < 1e-5
+
+    # gradients reach A_log and dt_bias (and the raw g / beta logits) correctly
+    gen = torch.Generator().manual_seed(7)
+    w_o, w_h = torch.randn(o.shape, generator=gen), torch.randn(ht.shape, generator=gen)
+    leaves = [x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"], A_log, dt_bias]
+    grads = torch.autograd.grad((o * w_o).sum() + (ht * w_h).sum(), leaves)
+    grads_ref = torch.autograd.grad((o_ref * w_o.double()).sum() + (ht_ref * w_h.double()).sum(), leaves)
+    for name, a, b in zip(["q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias"], grads, grads_ref):
+        assert rel_error(a, b) < 1e-4, name
+
+
+def test_fused_gate_without_dt_bias(calls):
+    x, A_log, _ = _fused_gate_inputs(seed=3)
+    o, ht = fla_chunk_gated_delta_rule(**x, output_final_state=True, use_gate_in_kernel=True, A_log=A_log,
+                                       use_beta_sigmoid_in_kernel=True)
+    assert len(calls) == 1
+    g_ref = -A_log.double().exp() * F.softplus(x["g"].double())
+    o_ref, ht_ref = gdn_reference(**dict(x, g=g_ref, beta=torch.sigmoid(x["beta"].double())))
+    assert rel_error(o, o_ref) < 1e-5 and rel_error(ht, ht_ref) < 1e-5
+
+
+def test_errors_keep_fla_semantics(calls):
+    """Inputs FLA itself rejects: the verifier declines, FLA's own checks raise FLA's error."""
+    x = _inputs(B=2, cu_seqlens=None)
+    with pytest.raises(ValueError, match="batch size is expected to be 1"):
+        fla_chunk_gated_delta_rule(**x, cu_seqlens=torch.tensor([0, 70, 140], dtype=torch.int32))
+    with pytest.raises(ValueError, match="chunk_size"):
+        fla_chunk_gated_delta_rule(**x, chunk_size=128)
+    assert len(calls) == 0
+
+
+# --------------------------------------------------------------------------------------
+# backward through FLA's entry point
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_backward_through_fla_matches_direct(calls, varlen):
+    kw = dict(B=1, T=90, cu_seqlens=[0, 40, 90]) if varlen else dict(B=2, T=50)
+
+    def run(fn):
+        x = _inputs(H=2, HV=4, requires_grad=True, normalize_qk=False, beta_logits=True, **kw)
+        o, ht = fn(**x, output_final_state=True, use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+        gen = torch.Generator().manual_seed(11)
+        loss = (o * torch.randn(o.shape, generator=gen)).sum() + (ht * torch.randn(ht.shape, generator=gen)).sum()
+        leaves = [x[n] for n in ("q", "k", "v", "g", "beta", "initial_state")]
+        return o, ht, torch.autograd.grad(loss, leaves), x
+
+    o, ht, grads, x = run(fla_chunk_gated_delta_rule)
+    assert len(calls) == 1
+    o2, ht2, grads2, _ = run(direct)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+    for name, a, b in zip(("q", "k", "v", "g", "beta", "initial_state"), grads, grads2):
+        assert a is not None and a.shape == x[name].shape, name
+        assert torch.equal(a, b), name
+
+    # and they are the right gradients (fp64 autograd through the reference)
+    o_ref, ht_ref = gdn_reference(**x, use_qk_l2norm=True, beta_sigmoid=True)
+    gen = torch.Generator().manual_seed(11)
+    loss = ((o_ref * torch.randn(o.shape, generator=gen).double()).sum()
+            + (ht_ref * torch.randn(ht.shape, generator=gen).double()).sum())
+    grads_ref = torch.autograd.grad(loss, [x[n] for n in ("q", "k", "v", "g", "beta", "initial_state")])
+    for name, a, b in zip(("q", "k", "v", "g", "beta", "initial_state"), grads, grads_ref):
+        assert rel_error(a, b) < 1e-4, name
+
+
+# --------------------------------------------------------------------------------------
+# the verifier's refusals
+# --------------------------------------------------------------------------------------
+
+
+def _verify(*args, **kwargs):
+    return backend().verify("chunk_gated_delta_rule", *args, **kwargs)
+
+
+def test_verifier_accepts_supported_calls():
+    x = _inputs()
+    assert _verify(**x) == (True, None)
+    assert _verify(x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], True) == (True, None)
+
+
+class _FakeCPContext:
+    cu_seqlens = torch.tensor([0, 70], dtype=torch.int32)
+    cu_seqlens_cpu = None
+
+
+@pytest.mark.parametrize("how", ["keyword", "positional"])
+def test_verifier_declines_cp_context(how):
+    x = _inputs(B=1, h0=False)
+    del x["initial_state"]
+    if how == "keyword":
+        ok, reason = _verify(**x, cp_context=_FakeCPContext())
+    else:  # FLA's 15th positional parameter is cp_context
+        ok, reason = _verify(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, False, False, False, False,
+                             False, None, None, _FakeCPContext())
+    assert ok is False
+    assert "cp_context" in reason
+
+
+@pytest.mark.parametrize("value", [False, True])
+def test_verifier_declines_head_first(value):
+    ok, reason = _verify(**_inputs(), head_first=value)
+    assert ok is False and "head_first" in reason
+
+
+def test_verifier_declines_unknown_kwarg():
+    ok, reason = _verify(**_inputs(), frobnicate=1)
+    assert ok is False and "frobnicate" in reason
+
+
+def test_verifier_declines_k_512():
+    ok, reason = _verify(**_inputs(T=8, K=512, V=16))
+    assert ok is False
+    assert "K=512" in reason or "512" in reason
+    assert "head dim" in reason
+
+
+def test_declined_call_falls_back_to_fla(calls):
+    """A call flashqla declines goes to FLA's own implementation (never to flashqla)."""
+    x = _inputs()
+    try:
+        fla_chunk_gated_delta_rule(**x, frobnicate=1)
+    except Exception:  # noqa: BLE001 - FLA's Triton path may not run on CPU at all
+        pass
+    assert len(calls) == 0
+
+
+def test_fla_flashqla_env_disables_backend(calls, monkeypatch):
+    x = _inputs()
+    monkeypatch.setenv("FLA_FLASHQLA", "0")
+    assert not backend().is_enabled()
+    try:
+        fla_chunk_gated_delta_rule(**x, output_final_state=True)
+    except Exception:  # noqa: BLE001 - FLA's own (Triton) path may not run on CPU at all
+        pass
+    assert len(calls) == 0
+    monkeypatch.setenv("FLA_FLASHQLA", "1")
+    fla_chunk_gated_delta_rule(**x, output_final_state=True)
+    assert len(calls) == 1
+
+
+# --------------------------------------------------------------------------------------
+# layouts FLA accepts
+# --------------------------------------------------------------------------------------
+
+
+def test_fla_entry_with_non_contiguous_gates(calls):
+    """FLA makes every input contiguous itself, so callers pass views freely (here g and
+    beta as columns of one [B, T, HV, 2] gate projection). Through FLA's dispatch these
+    must either run on flashqla correctly or be declined by the verifier, never fail."""
+    x = _inputs()
+    gates = torch.stack([x["g"], x["beta"]], dim=-1)
+    y = dict(x, g=gates[..., 0], beta=gates[..., 1])
+    assert y["g"].stride(-1) != 1
+    o, ht = fla_chunk_gated_delta_rule(**y, output_final_state=True)
+    o_ref, ht_ref = gdn_reference(**x)
+    assert rel_error(o, o_ref) < 1e-5 and rel_error(ht, ht_ref) < 1e-5
