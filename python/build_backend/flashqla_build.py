@@ -62,17 +62,22 @@ def _probe_torch(env: dict[str, str]) -> tuple[str, str] | None:
     return (lines[-2], lines[-1]) if out.returncode == 0 and len(lines) >= 2 else None
 
 
+def _target_env() -> dict[str, str]:
+    """The environment without pip's build isolation. pip isolates a build by prepending
+    its own folders through PYTHONPATH and hiding the interpreter's site-packages;
+    without those variables the same interpreter sees the environment the wheel is being
+    installed into. Tools run from there too (a pip-installed cmake is a Python script
+    that needs its own package)."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE")}
+
+
 def _find_torch() -> tuple[str, str] | None:
     """(torch package folder, version) of the environment being installed into, else of
     the build environment, else None."""
     explicit = os.environ.get("FLASHQLA_TORCH_DIR")
     if explicit:
         return explicit, "given by FLASHQLA_TORCH_DIR"
-    # pip isolates a build by prepending its own folders through PYTHONPATH and hiding
-    # the interpreter's site-packages; without those variables the same interpreter
-    # sees the environment the wheel is being installed into.
-    target_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONNOUSERSITE")}
-    return _probe_torch(target_env) or _probe_torch(dict(os.environ))
+    return _probe_torch(_target_env()) or _probe_torch(dict(os.environ))
 
 
 def _find_nvcc() -> str | None:
@@ -149,14 +154,15 @@ def _cmake_build(torch_dir: str) -> Path:
         if not nvcc:
             raise RuntimeError("FLASHQLA_ENABLE_CUDA=1 but nvcc was not found")
         if not (ROOT / "third_party" / "cutlass" / "include" / "cute" / "tensor.hpp").exists():
-            subprocess.run(["bash", str(ROOT / "scripts" / "fetch_cutlass.sh")], check=True, stdout=sys.stderr)
+            subprocess.run(["bash", str(ROOT / "scripts" / "fetch_cutlass.sh")], check=True, stdout=sys.stderr,
+                           env=_target_env())
         args.append(f"-DCMAKE_CUDA_COMPILER={nvcc}")
     if shutil.which("ninja"):
         args += ["-G", "Ninja"] if not (build / "CMakeCache.txt").exists() else []
     _log(f"building the core ({'with' if cuda else 'without'} CUDA) and the torch binding in {build}")
-    subprocess.run(args, check=True, stdout=sys.stderr)
+    subprocess.run(args, check=True, stdout=sys.stderr, env=_target_env())
     jobs = os.environ.get("FLASHQLA_JOBS", str(os.cpu_count() or 2))
-    subprocess.run(["cmake", "--build", str(build), "-j", jobs], check=True, stdout=sys.stderr)
+    subprocess.run(["cmake", "--build", str(build), "-j", jobs], check=True, stdout=sys.stderr, env=_target_env())
     return build
 
 
