@@ -112,14 +112,16 @@ std::optional<Tensor> unit_last_stride(const std::optional<Tensor>& t) {
   return t.has_value() ? std::optional<Tensor>(unit_last_stride(*t)) : std::nullopt;
 }
 
-// The sizes and inputs shared by forward and backward.
-flashqla_gdn_fwd_params_t common_params(const Tensor& q, const Tensor& k, const Tensor& v,
-                                        const Tensor& g, const Tensor& beta, double scale,
-                                        const std::optional<Tensor>& initial_state,
+// The sizes and inputs shared by forward and backward. Inputs without a unit
+// last stride are replaced by contiguous copies (kept alive by the caller).
+flashqla_gdn_fwd_params_t common_params(Tensor& q, Tensor& k, Tensor& v, Tensor& g, Tensor& beta,
+                                        double scale, std::optional<Tensor>& initial_state,
                                         const std::optional<Tensor>& cu_seqlens,
                                         const std::optional<Tensor>& cu_seqlens_cpu,
                                         bool state_v_first, bool use_qk_l2norm,
                                         int64_t beta_activation) {
+  for (Tensor* t : {&q, &k, &v, &g, &beta}) *t = unit_last_stride(*t);
+  initial_state = unit_last_stride(initial_state);
   flashqla_gdn_fwd_params_t p;
   flashqla_gdn_fwd_params_init(&p);
   if (q.dim() != 4 || v.dim() != 4) {
@@ -203,12 +205,6 @@ std::tuple<Tensor, Tensor> gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tenso
                                    std::optional<Tensor> cu_seqlens_cpu, bool output_final_state,
                                    bool state_v_first, bool use_qk_l2norm,
                                    int64_t beta_activation) {
-  q = unit_last_stride(q);
-  k = unit_last_stride(k);
-  v = unit_last_stride(v);
-  g = unit_last_stride(g);
-  beta = unit_last_stride(beta);
-  initial_state = unit_last_stride(initial_state);
   flashqla_gdn_fwd_params_t p =
       common_params(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu,
                     state_v_first, use_qk_l2norm, beta_activation);
@@ -232,12 +228,6 @@ std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> gdn_bwd(
     std::optional<Tensor> initial_state, std::optional<Tensor> cu_seqlens,
     std::optional<Tensor> cu_seqlens_cpu, Tensor d_o, std::optional<Tensor> d_final_state,
     bool state_v_first, bool use_qk_l2norm, int64_t beta_activation) {
-  q = unit_last_stride(q);
-  k = unit_last_stride(k);
-  v = unit_last_stride(v);
-  g = unit_last_stride(g);
-  beta = unit_last_stride(beta);
-  initial_state = unit_last_stride(initial_state);
   // Incoming gradients are often expanded views (stride 0, e.g. from .sum()).
   d_o = unit_last_stride(d_o);
   d_final_state = unit_last_stride(d_final_state);
