@@ -57,6 +57,13 @@ grep -E "^(FAILED|ERROR|SKIPPED)" "${out}/pytest.log" | head -n 30
 py_summary=$(tail -n 1 "${out}/pytest.log")
 py_gpu_skipped=$(grep -cE "^SKIPPED.*test_gpu" "${out}/pytest.log")
 
+# --- quick benchmark (two rows of the published table, against FLA) -------------
+start=${SECONDS}
+${py} benchmarks/bench_fwd.py --rows "TP8,1x8192,TP1,1x2048" --reps 5 --out "${out}/bench_quick.csv" \
+  > "${out}/bench_quick.log" 2>&1
+bench_rc=$?
+bench_s=$((SECONDS - start))
+
 echo
 echo "| step                         | result |"
 echo "|------------------------------|--------|"
@@ -69,5 +76,8 @@ printf "| CUDA backend tests passed    | %6s |\n" "${gpu_ran}"
 printf "| pip install . (s, rc)        | %3s %2s |\n" "${pip_s}" "${pip_rc}"
 printf "| pytest (s, rc)               | %3s %2s |\n" "${pytest_s}" "${pytest_rc}"
 printf "| python GPU tests skipped     | %6s |\n" "${py_gpu_skipped}"
+printf "| quick benchmark (s, rc)      | %3s %2s |\n" "${bench_s}" "${bench_rc}"
 echo "pytest: ${py_summary}"
-[[ ${ctest_rc} -eq 0 && ${skipped} -eq 0 && ${pip_rc} -eq 0 && ${pytest_rc} -eq 0 && ${py_gpu_skipped} -eq 0 ]]
+grep -E "flashqla .* ms|latency" "${out}/bench_quick.log" | cut -c1-150
+[[ ${ctest_rc} -eq 0 && ${skipped} -eq 0 && ${pip_rc} -eq 0 && ${pytest_rc} -eq 0 && ${py_gpu_skipped} -eq 0 \
+   && ${bench_rc} -eq 0 ]]

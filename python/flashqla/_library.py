@@ -35,6 +35,11 @@ def load() -> None:
 
 load()
 
-# The sm_90a forward and backward kernels are not part of this version: CUDA
-# tensors are refused with NotImplementedError (never computed on the CPU).
-CUDA_KERNELS_AVAILABLE = False
+# What the CUDA backend of this version computes. The forward runs on every
+# supported shape (the simple sm_90a kernel; the fused kernel is still to come, so
+# the FLA backend leaves CUDA calls to FLA for now); the backward is not there yet,
+# so CUDA inputs that require gradients are refused with NotImplementedError.
+# Nothing is ever computed on the CPU for CUDA tensors.
+CUDA_FORWARD_AVAILABLE = True
+CUDA_FUSED_FORWARD_AVAILABLE = False
+CUDA_BACKWARD_AVAILABLE = False

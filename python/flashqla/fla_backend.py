@@ -16,6 +16,7 @@ import inspect
 import warnings
 from typing import Any
 
+from . import _library
 from . import gated_delta_rule as _gdr
 
 # Lower runs first in FLA's dispatch; QwenLM FlashQLA's backend has priority 3.
@@ -85,6 +86,10 @@ def _make_backend():
                                   resolve_gate=False)
                 except Exception as e:  # noqa: BLE001 - every refusal becomes FLA's "declined" reason
                     return False, f"flashqla declines: {type(e).__name__}: {e}"
+            q = call["q"]
+            if q.is_cuda and not _library.CUDA_FUSED_FORWARD_AVAILABLE:
+                return False, ("flashqla declines: its fused sm_90a kernel is not part of this version; "
+                               "FLA's own kernels are faster than flashqla's simple CUDA path")
             return True, None
 
         def chunk_gated_delta_rule(self, *args, **kwargs):

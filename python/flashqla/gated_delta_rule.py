@@ -133,9 +133,15 @@ def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
             cu_seqlens_cpu = cu_seqlens_cpu.to(cu_seqlens.dtype).contiguous()
     else:
         cu_seqlens_cpu = None
-    if q.is_cuda and not _library.CUDA_KERNELS_AVAILABLE:
-        raise NotImplementedError("flashqla: CUDA tensors need the sm_90a kernels, which are not part of this "
-                                  "version yet; pass CPU tensors to use the CPU backend")
+    if q.is_cuda:
+        if not _library.CUDA_FORWARD_AVAILABLE:
+            raise NotImplementedError("flashqla: the sm_90a forward kernel is not part of this version")
+        differentiable = (q, k, v, g, beta, initial_state, A_log, dt_bias)
+        if (not _library.CUDA_BACKWARD_AVAILABLE and torch.is_grad_enabled()
+                and any(isinstance(x, torch.Tensor) and x.requires_grad for x in differentiable)):
+            raise NotImplementedError("flashqla: the sm_90a backward kernel is not part of this version yet, and "
+                                      "these CUDA inputs require gradients; run under torch.no_grad() or "
+                                      "use CPU tensors")
 
     if use_gate_in_kernel and resolve_gate:
         # FLA's fused gate: g = -exp(A_log) * softplus(g + dt_bias), in fp32.

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "cuda/sm90/cu_seqlens_check_sm90.h"
+#include "cuda/sm90/gdn_fwd_simple_sm90.h"
 
 namespace flashqla::cuda {
 namespace {
@@ -76,11 +77,55 @@ size_t backward_workspace_bytes(const Problem& pr, const flashqla_gdn_bwd_params
   return pr.debug_check_cu_seqlens ? kCuSeqlensCheckBytes : 0;
 }
 
+SimpleForwardArgs simple_forward_args(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
+  SimpleForwardArgs a{};
+  a.T = pr.T;
+  a.H = pr.H;
+  a.HV = pr.HV;
+  a.K = pr.K;
+  a.V = pr.V;
+  a.N = pr.N;
+  a.group = pr.group;
+  a.scale = static_cast<float>(pr.scale);
+  a.q = p.q.data, a.q_sb = p.q.stride[0], a.q_st = p.q.stride[1], a.q_sh = p.q.stride[2];
+  a.k = p.k.data, a.k_sb = p.k.stride[0], a.k_st = p.k.stride[1], a.k_sh = p.k.stride[2];
+  a.v = p.v.data, a.v_sb = p.v.stride[0], a.v_st = p.v.stride[1], a.v_sh = p.v.stride[2];
+  a.token_dtype = p.q.dtype;
+  a.g = p.g.data, a.g_sb = p.g.stride[0], a.g_st = p.g.stride[1], a.g_dtype = p.g.dtype;
+  a.beta = p.beta.data, a.beta_sb = p.beta.stride[0], a.beta_st = p.beta.stride[1];
+  a.beta_dtype = p.beta.dtype;
+  if (pr.has_initial_state) {
+    const flashqla_tensor_t& h0 = p.initial_state;
+    a.h0 = h0.data, a.h0_sn = h0.stride[0], a.h0_sh = h0.stride[1], a.h0_s2 = h0.stride[2];
+    a.h0_s3 = h0.stride[3], a.h0_dtype = h0.dtype;
+  }
+  if (pr.varlen) {
+    a.cu_seqlens = p.cu_seqlens.data;
+    a.cu_seqlens_int64 = p.cu_seqlens.dtype == FLASHQLA_DTYPE_INT64;
+  }
+  a.o = p.o.data, a.o_sb = p.o.stride[0], a.o_st = p.o.stride[1], a.o_sh = p.o.stride[2], a.o_dtype = p.o.dtype;
+  if (pr.output_final_state) {
+    const flashqla_tensor_t& ht = p.final_state;
+    a.ht = ht.data, a.ht_sn = ht.stride[0], a.ht_sh = ht.stride[1], a.ht_s2 = ht.stride[2];
+    a.ht_s3 = ht.stride[3], a.ht_dtype = ht.dtype;
+  }
+  a.state_v_first = p.state_v_first != 0;
+  a.use_qk_l2norm = p.use_qk_l2norm != 0;
+  a.beta_activation = p.beta_activation;
+  return a;
+}
+
 void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
   constexpr const char* entry = "flashqla_gdn_fwd";
   require_sm90(entry);
   if (pr.debug_check_cu_seqlens) debug_check_cu_seqlens(p, pr, entry);
-  kernels_not_built(entry, "forward");
+  // q, k and v share one dtype on the GPU (the kernels load them alike).
+  if (p.k.dtype != p.q.dtype || p.v.dtype != p.q.dtype) {
+    fail(FLASHQLA_STATUS_NOT_SUPPORTED,
+         str(entry, ": q, k and v must share one dtype on the CUDA backend (got ", int(p.q.dtype), ", ",
+             int(p.k.dtype), ", ", int(p.v.dtype), ")"));
+  }
+  check_cuda(launch_gdn_fwd_simple(simple_forward_args(pr, p), p.stream), entry, "forward kernel launch");
 }
 
 void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p) {

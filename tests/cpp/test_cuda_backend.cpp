@@ -6,8 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "test_support.h"
@@ -152,13 +154,202 @@ TEST_F(CudaBackend, Float64IsCpuOnly) {
   EXPECT_THAT(flashqla_last_error_message(), HasSubstr("o: float64 is supported on the CPU backend only"));
 }
 
-// Until the sm_90a kernels land the CUDA path says so, clearly, and never
+// Until the backward kernel lands the CUDA path says so, clearly, and never
 // falls back to the CPU.
-TEST_F(CudaBackend, ForwardAndBackwardReportMissingKernels) {
-  flashqla_gdn_fwd_params_t p = device_params();
-  EXPECT_EQ(flashqla_gdn_fwd(&p), FLASHQLA_STATUS_NOT_SUPPORTED);
-  EXPECT_THAT(flashqla_last_error_message(), HasSubstr("sm_90a GDN forward kernel"));
+TEST_F(CudaBackend, BackwardReportsMissingKernel) {
+  flashqla_gdn_bwd_params_t p;
+  flashqla_gdn_bwd_params_init(&p);
+  p.fwd = device_params();
+  p.fwd.o = flashqla_tensor_t{};
+  p.fwd.final_state = flashqla_tensor_t{};
+  p.fwd.output_final_state = 0;
+  // The forward outputs double as gradient buffers of the right shapes here.
+  p.d_o = dev[6]->desc;
+  p.dq = dev[0]->desc;
+  p.dk = dev[1]->desc;
+  p.dv = dev[2]->desc;
+  p.dg = dev[3]->desc;
+  p.dbeta = dev[4]->desc;
+  p.d_initial_state = dev[7]->desc;
+  EXPECT_EQ(flashqla_gdn_bwd(&p), FLASHQLA_STATUS_NOT_SUPPORTED) << flashqla_last_error_message();
+  EXPECT_THAT(flashqla_last_error_message(), HasSubstr("sm_90a GDN backward kernel"));
 }
+
+// --- forward on the GPU against the CPU backend (fp64 on the same inputs) -----
+
+struct GpuFwdConfig {
+  std::string name;
+  int64_t B = 1, T = 0, H = 1, HV = 2, K = 128, V = 128;
+  std::vector<int64_t> cu_seqlens;
+  flashqla_dtype_t dtype = FLASHQLA_DTYPE_BFLOAT16;
+  bool h0 = true, v_first = false, l2norm = false;
+  double g_value = NAN, beta_value = NAN;
+  int64_t row_pad = 0;
+};
+
+// Fills a device buffer with 0xFF bytes: NaN in bf16, fp16 and fp32, so an
+// element the kernel does not write fails the comparison.
+void poison(const DeviceTensor& t, size_t bytes) {
+  if (t.ptr) {
+    ASSERT_EQ(cudaMemset(t.ptr, 0xFF, bytes), cudaSuccess);
+  }
+}
+
+std::vector<unsigned char> download(const DeviceTensor& t, size_t bytes) {
+  std::vector<unsigned char> out(bytes);
+  if (t.ptr) {
+    EXPECT_EQ(cudaMemcpy(out.data(), t.ptr, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  return out;
+}
+
+class GpuForward : public ::testing::TestWithParam<GpuFwdConfig> {
+ protected:
+  void SetUp() override {
+    if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device on this machine";
+  }
+};
+
+TEST_P(GpuForward, MatchesCpuOracle) {
+  const GpuFwdConfig& f = GetParam();
+  GdnCase c;
+  c.B = f.B;
+  c.T = f.T;
+  c.H = f.H;
+  c.HV = f.HV;
+  c.K = f.K;
+  c.V = f.V;
+  c.cu_seqlens = f.cu_seqlens;
+  c.dtype = f.dtype;
+  c.gate_dtype = FLASHQLA_DTYPE_FLOAT32;
+  c.state_dtype = FLASHQLA_DTYPE_FLOAT32;
+  c.with_h0 = f.h0;
+  c.state_v_first = f.v_first;
+  c.l2norm = f.l2norm;
+  c.row_pad = f.row_pad;
+  c.allocate_and_fill(0xc0ffee + f.T, f.g_value, f.beta_value, 16.0);
+
+  // Oracle: the CPU backend on the same (rounded) inputs, fp64 outputs.
+  GdnCase ref = c;
+  ref.o = HostTensor(c.o.shape, FLASHQLA_DTYPE_FLOAT64);
+  ref.ht = HostTensor(c.ht.shape, FLASHQLA_DTYPE_FLOAT64);
+  flashqla_gdn_fwd_params_t rp = ref.fwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
+  ASSERT_EQ(flashqla_gdn_fwd(&rp), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+
+  std::vector<std::unique_ptr<DeviceTensor>> dev;
+  for (HostTensor* t : {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.h0, &c.o, &c.ht, &c.cu})
+    dev.emplace_back(std::make_unique<DeviceTensor>(*t));
+  flashqla_gdn_fwd_params_t p = c.fwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
+  p.backend = FLASHQLA_BACKEND_AUTO;
+  flashqla_tensor_t* slots[] = {&p.q, &p.k, &p.v, &p.g, &p.beta, &p.initial_state, &p.o, &p.final_state,
+                                &p.cu_seqlens};
+  for (size_t i = 0; i < dev.size(); ++i) *slots[i] = dev[i]->desc;
+  if (!f.h0) p.initial_state = flashqla_tensor_t{};
+  if (f.cu_seqlens.empty()) p.cu_seqlens = flashqla_tensor_t{};
+
+  std::vector<unsigned char> first_o, first_ht;
+  for (int run = 0; run < 2; ++run) {
+    poison(*dev[6], c.o.bytes.size());
+    poison(*dev[7], c.ht.bytes.size());
+    ASSERT_EQ(flashqla_gdn_fwd(&p), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<unsigned char> o_bytes = download(*dev[6], c.o.bytes.size());
+    std::vector<unsigned char> ht_bytes = download(*dev[7], c.ht.bytes.size());
+    if (run == 0) {
+      HostTensor o = c.o, ht = c.ht;
+      o.bytes = o_bytes;
+      ht.bytes = ht_bytes;
+      o.desc.data = o.bytes.empty() ? nullptr : o.bytes.data();
+      ht.desc.data = ht.bytes.data();
+      EXPECT_LE(rel_error(o.to_vector(), ref.o.to_vector()), 0.005) << f.name << " o";
+      EXPECT_LE(rel_error(ht.to_vector(), ref.ht.to_vector()), 0.005) << f.name << " final state";
+      first_o = o_bytes;
+      first_ht = ht_bytes;
+    } else {
+      EXPECT_EQ(first_o, o_bytes) << f.name << ": o differs between identical runs";
+      EXPECT_EQ(first_ht, ht_bytes) << f.name << ": final state differs between identical runs";
+    }
+  }
+}
+
+std::vector<GpuFwdConfig> gpu_forward_configs() {
+  std::vector<GpuFwdConfig> v;
+  for (int64_t T : {1, 63, 64, 65, 127, 1000, 8192}) {
+    GpuFwdConfig f;
+    f.name = "len" + std::to_string(T);
+    f.T = T;
+    v.push_back(f);
+  }
+  {
+    GpuFwdConfig f;
+    f.name = "varlen_with_empty";
+    f.cu_seqlens = {0, 0, 1, 64, 64, 129, 1000, 1000, 1200};
+    f.H = 2;
+    f.HV = 4;
+    v.push_back(f);
+  }
+  for (int64_t ratio : {1, 2, 3, 4, 8, 16}) {
+    GpuFwdConfig f;
+    f.name = "gqa" + std::to_string(ratio);
+    f.T = 200;
+    f.H = 1;
+    f.HV = ratio;
+    v.push_back(f);
+  }
+  GpuFwdConfig f;
+  f.T = 300;
+  f.name = "g_zero";
+  f.g_value = 0.0;
+  v.push_back(f);
+  f.name = "g_minus20";
+  f.g_value = -20.0;
+  v.push_back(f);
+  f.g_value = NAN;
+  f.name = "beta_zero";
+  f.beta_value = 0.0;
+  v.push_back(f);
+  f.name = "beta_one";
+  f.beta_value = 1.0;
+  v.push_back(f);
+  f.beta_value = NAN;
+  f.name = "no_h0";
+  f.h0 = false;
+  v.push_back(f);
+  f.h0 = true;
+  f.name = "state_v_first";
+  f.v_first = true;
+  v.push_back(f);
+  f.v_first = false;
+  f.name = "fp16";
+  f.dtype = FLASHQLA_DTYPE_FLOAT16;
+  v.push_back(f);
+  f.name = "fp32";
+  f.dtype = FLASHQLA_DTYPE_FLOAT32;
+  v.push_back(f);
+  f.dtype = FLASHQLA_DTYPE_BFLOAT16;
+  f.name = "strided_views";
+  f.row_pad = 24;
+  v.push_back(f);
+  f.row_pad = 0;
+  f.name = "l2norm_in_kernel";
+  f.l2norm = true;
+  v.push_back(f);
+  f.l2norm = false;
+  f.name = "K64_V64";
+  f.K = f.V = 64;
+  v.push_back(f);
+  f.name = "K100_V200";
+  f.K = 100;
+  f.V = 200;
+  v.push_back(f);
+  f.name = "K256_V256";
+  f.K = f.V = 256;
+  v.push_back(f);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, GpuForward, ::testing::ValuesIn(gpu_forward_configs()),
+                         [](const auto& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace flashqla_test

@@ -1,0 +1,258 @@
+#include "cuda/sm90/gdn_fwd_simple_sm90.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace flashqla::cuda {
+namespace {
+
+constexpr int kChunk = 64;     // tokens per chunk
+constexpr int kTileV = 32;     // value columns per CTA
+constexpr int kThreads = 256;  // 8 warps
+// Each thread owns the same (row, column) elements of every chunk-sized tile.
+constexpr int kElemsPerThread = kChunk * kTileV / kThreads;
+static_assert(kChunk * kTileV % kThreads == 0, "chunk tile must split evenly over the threads");
+static_assert(kTileV == 32, "a warp spans one row of a V tile (conflict-free state reads)");
+
+__device__ __forceinline__ float load_float(const void* p, flashqla_dtype_t dtype, int64_t i) {
+  switch (dtype) {
+    case FLASHQLA_DTYPE_BFLOAT16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case FLASHQLA_DTYPE_FLOAT16: return __half2float(static_cast<const __half*>(p)[i]);
+    case FLASHQLA_DTYPE_FLOAT64: return static_cast<float>(static_cast<const double*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ void store_float(void* p, flashqla_dtype_t dtype, int64_t i, float x) {
+  switch (dtype) {
+    case FLASHQLA_DTYPE_BFLOAT16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(x); break;
+    case FLASHQLA_DTYPE_FLOAT16: static_cast<__half*>(p)[i] = __float2half(x); break;
+    case FLASHQLA_DTYPE_FLOAT64: static_cast<double*>(p)[i] = x; break;
+    default: static_cast<float*>(p)[i] = x; break;
+  }
+}
+
+__device__ __forceinline__ int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+__device__ __forceinline__ int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
+
+__device__ __forceinline__ int64_t load_index(const void* p, bool is_int64, int64_t i) {
+  return is_int64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+}
+
+// Shared-memory tiles of one CTA (fp32). Rows of q/k are padded by one word so
+// that threads reading different rows at the same column hit different banks.
+struct Tiles {
+  float* S;      // [K][kTileV]       state slice
+  float* q;      // [kChunk][K + 1]
+  float* k;      // [kChunk][K + 1]
+  float* u;      // [kChunk][kTileV]  v, then U = v − e^γ K S
+  float* vd;     // [kChunk][kTileV]  Vd
+  float* a;      // [kChunk][kChunk]  A (gated, strictly lower), then P = Γ ⊙ Q Kᵀ
+  float* minv;   // [kChunk][kChunk]  (I + A)⁻¹
+  float* gamma;  // [kChunk]          chunk-local cumsum of g
+  float* beta;   // [kChunk]
+
+  __device__ Tiles(float* smem, int64_t K) {
+    S = smem;
+    q = S + K * kTileV;
+    k = q + kChunk * (K + 1);
+    u = k + kChunk * (K + 1);
+    vd = u + kChunk * kTileV;
+    a = vd + kChunk * kTileV;
+    minv = a + kChunk * kChunk;
+    gamma = minv + kChunk * kChunk;
+    beta = gamma + kChunk;
+  }
+  static size_t bytes(int64_t K) {
+    return sizeof(float) * (K * kTileV + 2 * kChunk * (K + 1) + 2 * kChunk * kTileV +
+                            2 * kChunk * kChunk + 2 * kChunk);
+  }
+};
+
+__device__ __forceinline__ float activate_beta(float b, int activation) {
+  if (activation == FLASHQLA_BETA_IDENTITY) return b;
+  const float s = 1.f / (1.f + __expf(-b));
+  return activation == FLASHQLA_BETA_SIGMOID_X2 ? 2.f * s : s;
+}
+
+__device__ __forceinline__ int64_t state_offset(int64_t n, int64_t hv, int64_t x, int64_t c, int64_t sn,
+                                                int64_t sh, int64_t s2, int64_t s3, bool v_first) {
+  return n * sn + hv * sh + (v_first ? c * s2 + x * s3 : x * s2 + c * s3);
+}
+
+__global__ void __launch_bounds__(kThreads) gdn_fwd_simple_kernel(const SimpleForwardArgs a) {
+  extern __shared__ float smem[];
+  const int64_t K = a.K, ldk = K + 1;
+  Tiles s(smem, K);
+  const int tid = threadIdx.x;
+  // blockIdx.x enumerates (sequence, value head, V tile), V tile fastest.
+  const int64_t tiles = (a.V + kTileV - 1) / kTileV;
+  const int64_t v0 = (int64_t(blockIdx.x) % tiles) * kTileV;
+  const int64_t hv = (int64_t(blockIdx.x) / tiles) % a.HV, n = int64_t(blockIdx.x) / tiles / a.HV;
+  const int64_t h = hv / a.group;
+  const int bv = int(min64(kTileV, a.V - v0));
+
+  // The sequence: any cu_seqlens contents are clamped into [0, T] so the kernel
+  // stays in bounds (validation reports invalid contents where it can read them).
+  int64_t row = n, bos = 0, eos = a.T;
+  if (a.cu_seqlens != nullptr) {
+    row = 0;
+    bos = min64(max64(load_index(a.cu_seqlens, a.cu_seqlens_int64, n), 0), a.T);
+    eos = min64(max64(load_index(a.cu_seqlens, a.cu_seqlens_int64, n + 1), bos), a.T);
+  }
+
+  for (int64_t i = tid; i < K * kTileV; i += kThreads) {
+    const int64_t x = i / kTileV, c = i % kTileV;
+    s.S[i] = (a.h0 != nullptr && c < bv)
+                 ? load_float(a.h0, a.h0_dtype,
+                              state_offset(n, hv, x, v0 + c, a.h0_sn, a.h0_sh, a.h0_s2, a.h0_s3, a.state_v_first))
+                 : 0.f;
+  }
+
+  for (int64_t t0 = bos; t0 < eos; t0 += kChunk) {
+    const int L = int(min64(kChunk, eos - t0));
+    // --- load the chunk (rows >= L are zero) ------------------------------------
+    for (int64_t i = tid; i < kChunk * K; i += kThreads) {
+      const int64_t r = i / K, x = i % K;
+      const bool in = r < L;
+      const int64_t t = t0 + r;
+      s.q[r * ldk + x] = in ? load_float(a.q, a.token_dtype, row * a.q_sb + t * a.q_st + h * a.q_sh + x) : 0.f;
+      s.k[r * ldk + x] = in ? load_float(a.k, a.token_dtype, row * a.k_sb + t * a.k_st + h * a.k_sh + x) : 0.f;
+    }
+    for (int i = tid; i < kChunk * kTileV; i += kThreads) {
+      const int r = i / kTileV, c = i % kTileV;
+      s.u[i] = (r < L && c < bv)
+                   ? load_float(a.v, a.token_dtype, row * a.v_sb + (t0 + r) * a.v_st + hv * a.v_sh + v0 + c)
+                   : 0.f;
+    }
+    if (tid < kChunk) {
+      const bool in = tid < L;
+      s.gamma[tid] = in ? load_float(a.g, a.g_dtype, row * a.g_sb + (t0 + tid) * a.g_st + hv) : 0.f;
+      s.beta[tid] = in ? activate_beta(load_float(a.beta, a.beta_dtype, row * a.beta_sb + (t0 + tid) * a.beta_st + hv),
+                                       a.beta_activation)
+                       : 0.f;
+    }
+    __syncthreads();
+    if (a.use_qk_l2norm) {  // one warp per row: x · rsqrt(Σx² + 1e-6)
+      const int warp = tid / 32, lane = tid % 32;
+      for (int r = warp; r < L; r += kThreads / 32) {
+        for (int which = 0; which < 2; ++which) {
+          float* m = which == 0 ? s.q : s.k;
+          float ss = 0.f;
+          for (int64_t x = lane; x < K; x += 32) ss += m[r * ldk + x] * m[r * ldk + x];
+          for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+          const float rs = rsqrtf(ss + 1e-6f);
+          for (int64_t x = lane; x < K; x += 32) m[r * ldk + x] *= rs;
+        }
+      }
+    }
+    if (tid == 0) {  // inclusive cumsum; padded rows repeat the last value
+      float acc = 0.f;
+      for (int r = 0; r < kChunk; ++r) s.gamma[r] = (acc += r < L ? s.gamma[r] : 0.f);
+    }
+    __syncthreads();
+
+    // --- A = StrictLower(diag(β) (K Kᵀ ⊙ Γ)) ------------------------------------
+    for (int i = tid; i < kChunk * kChunk; i += kThreads) {
+      const int r = i / kChunk, c = i % kChunk;
+      float acc = 0.f;
+      if (c < r && r < L) {
+        for (int64_t x = 0; x < K; ++x) acc += s.k[r * ldk + x] * s.k[c * ldk + x];
+        acc *= s.beta[r] * __expf(s.gamma[r] - s.gamma[c]);
+      }
+      s.a[i] = acc;
+    }
+    __syncthreads();
+    // --- (I + A)⁻¹ by forward substitution, one thread per column ---------------
+    if (tid < kChunk) {
+      const int c = tid;
+      for (int r = 0; r < kChunk; ++r) {
+        float x = r == c ? 1.f : 0.f;
+        if (r > c) {
+          for (int m = c; m < r; ++m) x -= s.a[r * kChunk + m] * s.minv[m * kChunk + c];
+        }
+        s.minv[r * kChunk + c] = x;
+      }
+    }
+    __syncthreads();
+    // --- P = Γ ⊙ Q Kᵀ (lower, diagonal included), into A's tile ------------------
+    for (int i = tid; i < kChunk * kChunk; i += kThreads) {
+      const int r = i / kChunk, c = i % kChunk;
+      float acc = 0.f;
+      if (c <= r && r < L) {
+        for (int64_t x = 0; x < K; ++x) acc += s.q[r * ldk + x] * s.k[c * ldk + x];
+        acc *= __expf(s.gamma[r] - s.gamma[c]);
+      }
+      s.a[i] = acc;
+    }
+    // --- U = V − e^γ K S, and e^γ Q S kept in registers for O ----------------------
+    float qs[kElemsPerThread];
+#pragma unroll
+    for (int e = 0; e < kElemsPerThread; ++e) {
+      const int i = tid + e * kThreads, r = i / kTileV, c = i % kTileV;
+      float ks_acc = 0.f, qs_acc = 0.f;
+      for (int64_t x = 0; x < K; ++x) {
+        const float sv = s.S[x * kTileV + c];
+        ks_acc += s.k[r * ldk + x] * sv;
+        qs_acc += s.q[r * ldk + x] * sv;
+      }
+      const float eg = __expf(s.gamma[r]);
+      s.u[i] -= eg * ks_acc;
+      qs[e] = eg * qs_acc;
+    }
+    __syncthreads();
+    // --- Vd = (I + A)⁻¹ diag(β) U -------------------------------------------------
+#pragma unroll
+    for (int e = 0; e < kElemsPerThread; ++e) {
+      const int i = tid + e * kThreads, r = i / kTileV, c = i % kTileV;
+      float acc = 0.f;
+      for (int j = 0; j <= r; ++j) acc += s.minv[r * kChunk + j] * s.beta[j] * s.u[j * kTileV + c];
+      s.vd[i] = acc;
+    }
+    __syncthreads();
+    // --- O = scale (e^γ Q S + P Vd) ---------------------------------------------
+#pragma unroll
+    for (int e = 0; e < kElemsPerThread; ++e) {
+      const int i = tid + e * kThreads, r = i / kTileV, c = i % kTileV;
+      if (r >= L || c >= bv) continue;
+      float acc = qs[e];
+      for (int j = 0; j <= r; ++j) acc += s.a[r * kChunk + j] * s.vd[j * kTileV + c];
+      store_float(a.o, a.o_dtype, row * a.o_sb + (t0 + r) * a.o_st + hv * a.o_sh + v0 + c, a.scale * acc);
+    }
+    // --- S' = e^{γ_L} S + Kᵀ diag(e^{γ_L − γ}) Vd ----------------------------------
+    const float gl = s.gamma[L - 1];
+    const float el = __expf(gl);
+    for (int64_t i = tid; i < K * kTileV; i += kThreads) {
+      const int64_t x = i / kTileV, c = i % kTileV;
+      float acc = el * s.S[i];
+      for (int j = 0; j < L; ++j) acc += __expf(gl - s.gamma[j]) * s.k[j * ldk + x] * s.vd[j * kTileV + c];
+      s.S[i] = acc;
+    }
+    __syncthreads();
+  }
+
+  if (a.ht != nullptr) {
+    for (int64_t i = tid; i < K * kTileV; i += kThreads) {
+      const int64_t x = i / kTileV, c = i % kTileV;
+      if (c < bv) {
+        store_float(a.ht, a.ht_dtype,
+                    state_offset(n, hv, x, v0 + c, a.ht_sn, a.ht_sh, a.ht_s2, a.ht_s3, a.state_v_first), s.S[i]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_gdn_fwd_simple(const SimpleForwardArgs& args, cudaStream_t stream) {
+  const size_t smem = Tiles::bytes(args.K);
+  cudaError_t err = cudaFuncSetAttribute(gdn_fwd_simple_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  const int64_t blocks = (args.V + kTileV - 1) / kTileV * args.HV * args.N;
+  if (blocks == 0) return cudaSuccess;
+  gdn_fwd_simple_kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace flashqla::cuda
