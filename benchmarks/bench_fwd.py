@@ -27,6 +27,7 @@ import datetime
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -141,17 +142,23 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=HERE / "results" / "h200.csv")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--rows", default="", help="comma-separated substrings: keep rows whose model,seqlens match")
+    ap.add_argument("--rows", default="", help="regular expression: keep rows whose 'model,seqlens' it matches "
+                                                "(e.g. 'TP8,1x' or '^397B/122B TP1,')")
     ap.add_argument("--no-fla", action="store_true", help="time flashqla only")
     args = ap.parse_args(argv)
 
     rows = list(csv.DictReader(ANCHORS.open()))
     if args.rows:
-        keys = args.rows.split(",")
-        rows = [r for r in rows if any(k in f"{r['model']},{r['seqlens']}" for k in keys)]
+        rows = [r for r in rows if re.search(args.rows, f"{r['model']},{r['seqlens']}")]
     fla = None if args.no_fla else fla_forward()
     flush = L2Flush()
     results = []
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    env["fla_note"] = "FLA timed with its own kernels (FLA_FLASHQLA=0)"
+    args.out.with_suffix(".json").write_text(json.dumps(env, indent=2) + "\n")
+    out = args.out.open("w", newline="")
+    writer = None
     for r in rows:
         seqlens, h_qk, h_v = parse_seqlens(r["seqlens"]), int(r["h_qk"]), int(r["h_v"])
         x = make_inputs(seqlens, h_qk, h_v)
@@ -172,19 +179,18 @@ def main(argv=None):
             "flashqla_tflops": f"{chunks * FLOP_PER_CHUNK_HEAD / ours_ms / 1e9:.1f}",
             "rel_diff_vs_fla": f"{diff:.2e}", "timing": f"{ours_method}/{fla_method}",
         })
+        if writer is None:  # rows are written as they come, so an interrupted run keeps what it measured
+            writer = csv.DictWriter(out, fieldnames=list(results[-1]))
+            writer.writeheader()
+        writer.writerow(results[-1])
+        out.flush()
         print(f"{r['model']:>16} {r['seqlens']:>13} H={h_qk:<2} HV={h_v:<3} flashqla {ours_ms:8.3f} ms  "
               f"FLA {fla_ms:8.3f} ms  x{fla_ms / ours_ms:5.2f} (published best x{published:4.2f})  "
               f"diff {diff:.1e}", flush=True)
         del x, o, ht
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(results[0]))
-        w.writeheader()
-        w.writerows(results)
-    env = environment()
+    out.close()
     env["chunk_latency_us"] = round(chunk_latency_us(flush, args.reps), 3)
-    env["fla_note"] = "FLA timed with its own kernels (FLA_FLASHQLA=0)"
     args.out.with_suffix(".json").write_text(json.dumps(env, indent=2) + "\n")
 
     big = [r for r in results if r["pairs"] >= 128 and r["fla_ms"] != "nan"]

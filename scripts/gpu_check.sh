@@ -59,7 +59,7 @@ py_gpu_skipped=$(grep -cE "^SKIPPED.*test_gpu" "${out}/pytest.log")
 
 # --- quick benchmark (two rows of the published table, against FLA) -------------
 start=${SECONDS}
-${py} benchmarks/bench_fwd.py --rows "TP8,1x8192,TP1,1x2048" --reps 5 --out "${out}/bench_quick.csv" \
+${py} benchmarks/bench_fwd.py --rows '^397B/122B TP(8|1),1x8192$' --reps 5 --out "${out}/bench_quick.csv" \
   > "${out}/bench_quick.log" 2>&1
 bench_rc=$?
 bench_s=$((SECONDS - start))
