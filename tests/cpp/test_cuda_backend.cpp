@@ -298,20 +298,7 @@ std::vector<GpuFwdConfig> gpu_forward_configs() {
   }
   GpuFwdConfig f;
   f.T = 300;
-  f.name = "g_zero";
-  f.g_value = 0.0;
-  v.push_back(f);
-  f.name = "g_minus20";
-  f.g_value = -20.0;
-  v.push_back(f);
-  f.g_value = NAN;
-  f.name = "beta_zero";
-  f.beta_value = 0.0;
-  v.push_back(f);
-  f.name = "beta_one";
-  f.beta_value = 1.0;
-  v.push_back(f);
-  f.beta_value = NAN;
+  append_gate_and_beta_edge_cases(v, f);
   f.name = "no_h0";
   f.h0 = false;
   v.push_back(f);

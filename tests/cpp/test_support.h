@@ -82,4 +82,21 @@ struct GdnCase {
   flashqla_gdn_bwd_params_t bwd_params(flashqla_cpu_algorithm_t algo);
 };
 
+// Appends the gate and beta edge cases every suite runs on top of `base`:
+// g = 0, g = −20 (decay to nothing within a token), beta = 0 and beta = 1.
+// Config needs `name`, `g_value` and `beta_value` members.
+template <typename Config>
+void append_gate_and_beta_edge_cases(std::vector<Config>& out, Config base) {
+  const struct {
+    const char* name;
+    double g, beta;
+  } cases[] = {{"g_zero", 0.0, NAN}, {"g_minus20", -20.0, NAN}, {"beta_zero", NAN, 0.0}, {"beta_one", NAN, 1.0}};
+  for (const auto& c : cases) {
+    base.name = c.name;
+    base.g_value = c.g;
+    base.beta_value = c.beta;
+    out.push_back(base);
+  }
+}
+
 }  // namespace flashqla_test

@@ -50,7 +50,7 @@ def gdn_reference(q, k, v, g, beta, scale=None, initial_state=None, cu_seqlens=N
     else:
         cu = cu_seqlens.tolist()
         spans = [(0, cu[n], cu[n + 1]) for n in range(len(cu) - 1)]
-    outs, finals = [], []
+    finals = []
     o = torch.zeros(B, T, HV, V, dtype=torch.float64, device=q.device)
     rows = []
     for n, (b, t0, t1) in enumerate(spans):
