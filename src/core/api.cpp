@@ -4,6 +4,7 @@
 #include <new>
 
 #include "core/error.h"
+#include "core/trace.h"
 #include "core/validate.h"
 #include "cpu/cpu_backend.h"
 #include "flashqla/flashqla.h"
@@ -82,6 +83,7 @@ void flashqla_gdn_bwd_params_init(flashqla_gdn_bwd_params_t* params) {
 
 flashqla_status_t flashqla_gdn_fwd_workspace_size(const flashqla_gdn_fwd_params_t* params,
                                                   size_t* bytes) {
+  flashqla::TraceRange trace("flashqla_gdn_fwd_workspace_size");
   return guarded([&] {
     constexpr const char* entry = "flashqla_gdn_fwd_workspace_size";
     FLASHQLA_REQUIRE(bytes != nullptr, entry, ": bytes: pointer is NULL");
@@ -92,6 +94,7 @@ flashqla_status_t flashqla_gdn_fwd_workspace_size(const flashqla_gdn_fwd_params_
 
 flashqla_status_t flashqla_gdn_bwd_workspace_size(const flashqla_gdn_bwd_params_t* params,
                                                   size_t* bytes) {
+  flashqla::TraceRange trace("flashqla_gdn_bwd_workspace_size");
   return guarded([&] {
     constexpr const char* entry = "flashqla_gdn_bwd_workspace_size";
     FLASHQLA_REQUIRE(bytes != nullptr, entry, ": bytes: pointer is NULL");
@@ -101,11 +104,16 @@ flashqla_status_t flashqla_gdn_bwd_workspace_size(const flashqla_gdn_bwd_params_
 }
 
 flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params) {
+  flashqla::TraceRange trace("flashqla_gdn_fwd");
   return guarded([&] {
     constexpr const char* entry = "flashqla_gdn_fwd";
     const flashqla::Problem pr = flashqla::validate_forward(params, entry);
     flashqla::check_workspace(entry, flashqla::forward_workspace(pr, *params), params->workspace,
                               params->workspace_bytes);
+    FLASHQLA_PLAN("%s: backend=%s B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld N=%lld varlen=%d h0=%d ht=%d", entry,
+                  pr.backend == FLASHQLA_BACKEND_CUDA ? "cuda" : "cpu", (long long)pr.B, (long long)pr.T,
+                  (long long)pr.H, (long long)pr.HV, (long long)pr.K, (long long)pr.V, (long long)pr.N,
+                  int(pr.varlen), int(pr.has_initial_state), int(pr.output_final_state));
 #ifdef FLASHQLA_WITH_CUDA
     if (pr.backend == FLASHQLA_BACKEND_CUDA) return flashqla::cuda::gdn_forward(pr, *params);
 #endif
@@ -114,11 +122,16 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params) {
 }
 
 flashqla_status_t flashqla_gdn_bwd(const flashqla_gdn_bwd_params_t* params) {
+  flashqla::TraceRange trace("flashqla_gdn_bwd");
   return guarded([&] {
     constexpr const char* entry = "flashqla_gdn_bwd";
     const flashqla::Problem pr = flashqla::validate_backward(params, entry);
     flashqla::check_workspace(entry, flashqla::backward_workspace(pr, *params),
                               params->fwd.workspace, params->fwd.workspace_bytes);
+    FLASHQLA_PLAN("%s: backend=%s B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld N=%lld varlen=%d h0=%d", entry,
+                  pr.backend == FLASHQLA_BACKEND_CUDA ? "cuda" : "cpu", (long long)pr.B, (long long)pr.T,
+                  (long long)pr.H, (long long)pr.HV, (long long)pr.K, (long long)pr.V, (long long)pr.N,
+                  int(pr.varlen), int(pr.has_initial_state));
 #ifdef FLASHQLA_WITH_CUDA
     if (pr.backend == FLASHQLA_BACKEND_CUDA) return flashqla::cuda::gdn_backward(pr, *params);
 #endif

@@ -3,6 +3,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "core/trace.h"
+
 namespace flashqla::cuda {
 namespace {
 
@@ -251,6 +253,8 @@ cudaError_t launch_gdn_fwd_simple(const SimpleForwardArgs& args, cudaStream_t st
   if (err != cudaSuccess) return err;
   const int64_t blocks = (args.V + kTileV - 1) / kTileV * args.HV * args.N;
   if (blocks == 0) return cudaSuccess;
+  FLASHQLA_PLAN("gdn_fwd_simple_kernel: grid=%lld block=%d smem=%zu bytes (V tile %d, chunk %d)",
+                (long long)blocks, kThreads, smem, kTileV, kChunk);
   gdn_fwd_simple_kernel<<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(args);
   return cudaGetLastError();
 }
