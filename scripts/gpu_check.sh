@@ -5,8 +5,12 @@
 # print a short table.
 # Needs third_party/ (and .whl/ with the FLA wheels) from
 # scripts/prepare_device.sh, carried with the call. Logs go to $OUT when set.
+# --quick runs only the GPU-marked part of the Python suite (the CPU part is what
+# CI runs anyway).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+pytest_select=()
+[[ "${1:-}" == "--quick" ]] && pytest_select=(-m gpu)
 out="${OUT:-/tmp/flashqla-gpu-check}"
 mkdir -p "${out}"
 build=build-gpu
@@ -50,7 +54,7 @@ pip_rc=$?
 pip_s=$((SECONDS - start))
 [[ ${pip_rc} -eq 0 ]] || tail -n 40 "${out}/pip-install.log"
 start=${SECONDS}
-${py} -m pytest -q -rs -p no:cacheprovider tests/python > "${out}/pytest.log" 2>&1
+${py} -m pytest -q -rs -p no:cacheprovider "${pytest_select[@]}" tests/python > "${out}/pytest.log" 2>&1
 pytest_rc=$?
 pytest_s=$((SECONDS - start))
 grep -E "^(FAILED|ERROR|SKIPPED)" "${out}/pytest.log" | head -n 30
