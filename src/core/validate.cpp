@@ -147,16 +147,15 @@ bool compatible(MemoryKind kind, flashqla_backend_t backend) {
 
 void resolve_backend(const flashqla_gdn_fwd_params_t& p, const flashqla_gdn_bwd_params_t* bwd,
                      const char* entry, Problem& pr) {
-  auto ptrs = device_side_pointers(p, bwd);
+  // Each pointer's location is queried once (a runtime call per pointer).
+  std::vector<std::pair<const char*, MemoryKind>> kinds;
+  for (const auto& [name, ptr] : device_side_pointers(p, bwd)) {
+    if (ptr != nullptr) kinds.emplace_back(name, pointer_memory_kind(ptr));
+  }
   flashqla_backend_t backend = p.backend;
   if (backend == FLASHQLA_BACKEND_AUTO) {
-    backend = FLASHQLA_BACKEND_CPU;
-    for (const auto& [name, ptr] : ptrs) {
-      if (ptr == nullptr) continue;
-      MemoryKind kind = pointer_memory_kind(ptr);
-      backend = kind == MemoryKind::Host ? FLASHQLA_BACKEND_CPU : FLASHQLA_BACKEND_CUDA;
-      break;
-    }
+    backend = kinds.empty() || kinds.front().second == MemoryKind::Host ? FLASHQLA_BACKEND_CPU
+                                                                          : FLASHQLA_BACKEND_CUDA;
   }
 #ifndef FLASHQLA_WITH_CUDA
   if (backend == FLASHQLA_BACKEND_CUDA) {
@@ -165,9 +164,7 @@ void resolve_backend(const flashqla_gdn_fwd_params_t& p, const flashqla_gdn_bwd_
                     "(configured with FLASHQLA_ENABLE_CUDA=OFF)"));
   }
 #endif
-  for (const auto& [name, ptr] : ptrs) {
-    if (ptr == nullptr) continue;
-    MemoryKind kind = pointer_memory_kind(ptr);
+  for (const auto& [name, kind] : kinds) {
     FLASHQLA_REQUIRE(compatible(kind, backend), entry, ": ", name, ": points to ",
                      memory_kind_name(kind), " but the ",
                      backend == FLASHQLA_BACKEND_CUDA ? "CUDA" : "CPU",
