@@ -2,10 +2,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/error.h"
 #include "cuda/sm90/cu_seqlens_check_sm90.h"
+#include "cuda/sm90/gdn_fwd_fused_sm90.h"
 #include "cuda/sm90/gdn_fwd_simple_sm90.h"
 
 namespace flashqla::cuda {
@@ -67,6 +70,16 @@ void debug_check_cu_seqlens(const flashqla_gdn_fwd_params_t& p, const Problem& p
            "CPU backend"));
 }
 
+// FLASHQLA_FORWARD_KERNEL=simple runs the simple kernel on every shape (to
+// compare the two kernels on the same inputs).
+bool simple_forward_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("FLASHQLA_FORWARD_KERNEL");
+    return v != nullptr && std::strcmp(v, "simple") == 0;
+  }();
+  return forced;
+}
+
 }  // namespace
 
 size_t forward_workspace_bytes(const Problem& pr, const flashqla_gdn_fwd_params_t&) {
@@ -77,8 +90,8 @@ size_t backward_workspace_bytes(const Problem& pr, const flashqla_gdn_bwd_params
   return pr.debug_check_cu_seqlens ? kCuSeqlensCheckBytes : 0;
 }
 
-SimpleForwardArgs simple_forward_args(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
-  SimpleForwardArgs a{};
+ForwardArgs forward_args(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
+  ForwardArgs a{};
   a.T = pr.T;
   a.H = pr.H;
   a.HV = pr.HV;
@@ -125,7 +138,12 @@ void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
          str(entry, ": q, k and v must share one dtype on the CUDA backend (got ", int(p.q.dtype), ", ",
              int(p.k.dtype), ", ", int(p.v.dtype), ")"));
   }
-  check_cuda(launch_gdn_fwd_simple(simple_forward_args(pr, p), p.stream), entry, "forward kernel launch");
+  const ForwardArgs args = forward_args(pr, p);
+  if (fused_forward_supports(args) && !simple_forward_forced()) {
+    check_cuda(launch_gdn_fwd_fused(args, p.stream), entry, "fused forward kernel launch");
+  } else {
+    check_cuda(launch_gdn_fwd_simple(args, p.stream), entry, "simple forward kernel launch");
+  }
 }
 
 void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p) {

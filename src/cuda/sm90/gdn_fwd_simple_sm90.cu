@@ -1,9 +1,7 @@
 #include "cuda/sm90/gdn_fwd_simple_sm90.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include "core/trace.h"
+#include "cuda/sm90/device_common.cuh"
 
 namespace flashqla::cuda {
 namespace {
@@ -15,31 +13,6 @@ constexpr int kThreads = 256;  // 8 warps
 constexpr int kElemsPerThread = kChunk * kTileV / kThreads;
 static_assert(kChunk * kTileV % kThreads == 0, "chunk tile must split evenly over the threads");
 static_assert(kTileV == 32, "a warp spans one row of a V tile (conflict-free state reads)");
-
-__device__ __forceinline__ float load_float(const void* p, flashqla_dtype_t dtype, int64_t i) {
-  switch (dtype) {
-    case FLASHQLA_DTYPE_BFLOAT16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    case FLASHQLA_DTYPE_FLOAT16: return __half2float(static_cast<const __half*>(p)[i]);
-    case FLASHQLA_DTYPE_FLOAT64: return static_cast<float>(static_cast<const double*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
-  }
-}
-
-__device__ __forceinline__ void store_float(void* p, flashqla_dtype_t dtype, int64_t i, float x) {
-  switch (dtype) {
-    case FLASHQLA_DTYPE_BFLOAT16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(x); break;
-    case FLASHQLA_DTYPE_FLOAT16: static_cast<__half*>(p)[i] = __float2half(x); break;
-    case FLASHQLA_DTYPE_FLOAT64: static_cast<double*>(p)[i] = x; break;
-    default: static_cast<float*>(p)[i] = x; break;
-  }
-}
-
-__device__ __forceinline__ int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
-__device__ __forceinline__ int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
-
-__device__ __forceinline__ int64_t load_index(const void* p, bool is_int64, int64_t i) {
-  return is_int64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
-}
 
 // Shared-memory tiles of one CTA (fp32). Rows of q/k are padded by one word so
 // that threads reading different rows at the same column hit different banks.
@@ -71,18 +44,7 @@ struct Tiles {
   }
 };
 
-__device__ __forceinline__ float activate_beta(float b, int activation) {
-  if (activation == FLASHQLA_BETA_IDENTITY) return b;
-  const float s = 1.f / (1.f + __expf(-b));
-  return activation == FLASHQLA_BETA_SIGMOID_X2 ? 2.f * s : s;
-}
-
-__device__ __forceinline__ int64_t state_offset(int64_t n, int64_t hv, int64_t x, int64_t c, int64_t sn,
-                                                int64_t sh, int64_t s2, int64_t s3, bool v_first) {
-  return n * sn + hv * sh + (v_first ? c * s2 + x * s3 : x * s2 + c * s3);
-}
-
-__global__ void __launch_bounds__(kThreads) gdn_fwd_simple_kernel(const SimpleForwardArgs a) {
+__global__ void __launch_bounds__(kThreads) gdn_fwd_simple_kernel(const ForwardArgs a) {
   extern __shared__ float smem[];
   const int64_t K = a.K, ldk = K + 1;
   Tiles s(smem, K);
@@ -94,14 +56,8 @@ __global__ void __launch_bounds__(kThreads) gdn_fwd_simple_kernel(const SimpleFo
   const int64_t h = hv / a.group;
   const int bv = int(min64(kTileV, a.V - v0));
 
-  // The sequence: any cu_seqlens contents are clamped into [0, T] so the kernel
-  // stays in bounds (validation reports invalid contents where it can read them).
-  int64_t row = n, bos = 0, eos = a.T;
-  if (a.cu_seqlens != nullptr) {
-    row = 0;
-    bos = min64(max64(load_index(a.cu_seqlens, a.cu_seqlens_int64, n), 0), a.T);
-    eos = min64(max64(load_index(a.cu_seqlens, a.cu_seqlens_int64, n + 1), bos), a.T);
-  }
+  const SequenceRange seq = sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, n);
+  const int64_t row = seq.row, bos = seq.bos, eos = seq.eos;
 
   for (int64_t i = tid; i < K * kTileV; i += kThreads) {
     const int64_t x = i / kTileV, c = i % kTileV;
@@ -246,7 +202,7 @@ __global__ void __launch_bounds__(kThreads) gdn_fwd_simple_kernel(const SimpleFo
 
 }  // namespace
 
-cudaError_t launch_gdn_fwd_simple(const SimpleForwardArgs& args, cudaStream_t stream) {
+cudaError_t launch_gdn_fwd_simple(const ForwardArgs& args, cudaStream_t stream) {
   const size_t smem = Tiles::bytes(args.K);
   cudaError_t err = cudaFuncSetAttribute(gdn_fwd_simple_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));

@@ -1,42 +1,17 @@
 // The simple CUDA forward: one CTA per (sequence, value head, 32-wide V tile),
 // the chunked algorithm in fp32 with plain FMA arithmetic and the gated
-// inverse. Correct for every supported shape and dtype (K, V <= 256); it is
-// the GPU path until the fused warp-specialised kernel covers a shape, and a
-// GPU-side reference for that kernel. Not tuned.
+// inverse. Correct for every supported shape and dtype (K, V <= 256); it runs
+// the shapes the fused kernel does not cover and serves as a GPU-side
+// reference for it. Not tuned.
 #pragma once
-
-#include <cstdint>
 
 #include <cuda_runtime_api.h>
 
-#include "flashqla/flashqla.h"
+#include "cuda/forward_args.h"
 
 namespace flashqla::cuda {
 
-struct SimpleForwardArgs {
-  // Sizes.
-  int64_t T, H, HV, K, V, N, group;
-  float scale;
-  // Inputs (element pointers + strides in elements, last dim contiguous).
-  const void* q; int64_t q_sb, q_st, q_sh;
-  const void* k; int64_t k_sb, k_st, k_sh;
-  const void* v; int64_t v_sb, v_st, v_sh;
-  const void* g; int64_t g_sb, g_st; flashqla_dtype_t g_dtype;
-  const void* beta; int64_t beta_sb, beta_st; flashqla_dtype_t beta_dtype;
-  flashqla_dtype_t token_dtype;  // q, k, v
-  // Optional initial state [N, HV, K, V] or [N, HV, V, K].
-  const void* h0; int64_t h0_sn, h0_sh, h0_s2, h0_s3; flashqla_dtype_t h0_dtype;
-  // Optional cu_seqlens [N + 1] (nullptr: sequence n is batch row n).
-  const void* cu_seqlens; bool cu_seqlens_int64;
-  // Outputs.
-  void* o; int64_t o_sb, o_st, o_sh; flashqla_dtype_t o_dtype;
-  void* ht; int64_t ht_sn, ht_sh, ht_s2, ht_s3; flashqla_dtype_t ht_dtype;  // nullptr: not written
-  bool state_v_first;
-  bool use_qk_l2norm;
-  int beta_activation;  // flashqla_beta_activation_t
-};
-
 // Enqueues the forward on `stream`; returns the launch status.
-cudaError_t launch_gdn_fwd_simple(const SimpleForwardArgs& args, cudaStream_t stream);
+cudaError_t launch_gdn_fwd_simple(const ForwardArgs& args, cudaStream_t stream);
 
 }  // namespace flashqla::cuda

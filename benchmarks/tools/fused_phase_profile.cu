@@ -1,0 +1,92 @@
+// Development tool: phase timing of the fused forward kernel. Builds the kernel
+// with FLASHQLA_FUSED_PROFILE (CTA 0 prints cycles per phase) and times one
+// launch of each configuration with CUDA events, and compares o with the simple
+// kernel's on the same inputs. On the GPU machine:
+//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -DFLASHQLA_FUSED_PROFILE -Iinclude -Isrc \
+//     benchmarks/tools/fused_phase_profile.cu src/cuda/sm90/gdn_fwd_simple_sm90.cu -o /tmp/fused_phase_profile
+//   /tmp/fused_phase_profile
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "cuda/sm90/gdn_fwd_fused_sm90.cu"
+#include "cuda/sm90/gdn_fwd_simple_sm90.h"
+#include <cmath>
+
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+void run(int64_t B, int64_t T, int64_t H, int64_t HV) {
+  using flashqla::cuda::ForwardArgs;
+  const int64_t D = 128;
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  auto bf16 = [&](int64_t count, float s) {
+    std::vector<__nv_bfloat16> h(count);
+    for (auto& x : h) x = __float2bfloat16(nd(rng) * s);
+    void* d;
+    check(cudaMalloc(&d, count * 2), "malloc");
+    check(cudaMemcpy(d, h.data(), count * 2, cudaMemcpyHostToDevice), "copy");
+    return d;
+  };
+  auto f32 = [&](int64_t count, float lo, float hi) {
+    std::vector<float> h(count);
+    std::uniform_real_distribution<float> u(lo, hi);
+    for (auto& x : h) x = u(rng);
+    void* d;
+    check(cudaMalloc(&d, count * 4), "malloc");
+    check(cudaMemcpy(d, h.data(), count * 4, cudaMemcpyHostToDevice), "copy");
+    return d;
+  };
+  ForwardArgs a{};
+  a.T = T, a.H = H, a.HV = HV, a.K = D, a.V = D, a.N = B, a.group = HV / H, a.scale = 0.0883883f;
+  a.q = bf16(B * T * H * D, 0.09f), a.q_sb = T * H * D, a.q_st = H * D, a.q_sh = D;
+  a.k = bf16(B * T * H * D, 0.09f), a.k_sb = T * H * D, a.k_st = H * D, a.k_sh = D;
+  a.v = bf16(B * T * HV * D, 1.f), a.v_sb = T * HV * D, a.v_st = HV * D, a.v_sh = D;
+  a.token_dtype = FLASHQLA_DTYPE_BFLOAT16;
+  a.g = f32(B * T * HV, -0.1f, -0.001f), a.g_sb = T * HV, a.g_st = HV, a.g_dtype = FLASHQLA_DTYPE_FLOAT32;
+  a.beta = f32(B * T * HV, 0.f, 1.f), a.beta_sb = T * HV, a.beta_st = HV, a.beta_dtype = FLASHQLA_DTYPE_FLOAT32;
+  void* o;
+  check(cudaMalloc(&o, B * T * HV * D * 2), "malloc");
+  a.o = o, a.o_sb = T * HV * D, a.o_st = HV * D, a.o_sh = D, a.o_dtype = FLASHQLA_DTYPE_BFLOAT16;
+  std::printf("B=%lld T=%lld H=%lld HV=%lld\n", (long long)B, (long long)T, (long long)H, (long long)HV);
+  check(flashqla::cuda::launch_gdn_fwd_fused(a, nullptr), "launch");
+  check(cudaDeviceSynchronize(), "sync");
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  cudaEventRecord(e0);
+  check(flashqla::cuda::launch_gdn_fwd_fused(a, nullptr), "launch");
+  cudaEventRecord(e1);
+  check(cudaDeviceSynchronize(), "sync");
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  std::printf("  %.3f ms, %.2f us per chunk of one CTA's chain\n", ms, 1000.0 * ms / ((T + 63) / 64));
+  const int64_t count = B * T * HV * D;
+  std::vector<__nv_bfloat16> fused(count), simple(count);
+  check(cudaMemcpy(fused.data(), o, count * 2, cudaMemcpyDeviceToHost), "copy");
+  check(flashqla::cuda::launch_gdn_fwd_simple(a, nullptr), "launch simple");
+  check(cudaMemcpy(simple.data(), o, count * 2, cudaMemcpyDeviceToHost), "copy");
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const double x = __bfloat162float(fused[i]), y = __bfloat162float(simple[i]);
+    num += (x - y) * (x - y);
+    den += y * y;
+  }
+  std::printf("  relative difference to the simple kernel: %.2e\n", std::sqrt(num / den));
+}
+
+}  // namespace
+
+int main() {
+  run(1, 8192, 1, 1);
+  run(2, 1000, 1, 2);
+  run(4, 8192, 16, 64);
+  return 0;
+}

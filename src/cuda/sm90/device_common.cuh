@@ -1,0 +1,82 @@
+// Device helpers shared by the forward kernels: dtype-generic scalar loads and
+// stores, cu_seqlens reads, the beta activation and state-tensor offsets.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "flashqla/flashqla.h"
+
+namespace flashqla::cuda {
+
+__device__ __forceinline__ float load_float(const void* p, flashqla_dtype_t dtype, int64_t i) {
+  switch (dtype) {
+    case FLASHQLA_DTYPE_BFLOAT16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case FLASHQLA_DTYPE_FLOAT16: return __half2float(static_cast<const __half*>(p)[i]);
+    case FLASHQLA_DTYPE_FLOAT64: return static_cast<float>(static_cast<const double*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// Raw bits of a 16- or 32-bit float element (the load's result is not used
+// until raw_to_float, so a load issued early does not stall the warp).
+__device__ __forceinline__ uint32_t load_raw(const void* p, flashqla_dtype_t dtype, int64_t i) {
+  if (dtype == FLASHQLA_DTYPE_FLOAT32) return static_cast<const uint32_t*>(p)[i];
+  return static_cast<const uint16_t*>(p)[i];
+}
+
+__device__ __forceinline__ float raw_to_float(uint32_t bits, flashqla_dtype_t dtype) {
+  switch (dtype) {
+    case FLASHQLA_DTYPE_BFLOAT16: return __uint_as_float(bits << 16);
+    case FLASHQLA_DTYPE_FLOAT16: return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    default: return __uint_as_float(bits);
+  }
+}
+
+__device__ __forceinline__ void store_float(void* p, flashqla_dtype_t dtype, int64_t i, float x) {
+  switch (dtype) {
+    case FLASHQLA_DTYPE_BFLOAT16: static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16(x); break;
+    case FLASHQLA_DTYPE_FLOAT16: static_cast<__half*>(p)[i] = __float2half(x); break;
+    case FLASHQLA_DTYPE_FLOAT64: static_cast<double*>(p)[i] = x; break;
+    default: static_cast<float*>(p)[i] = x; break;
+  }
+}
+
+__device__ __forceinline__ int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+__device__ __forceinline__ int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
+
+__device__ __forceinline__ int64_t load_index(const void* p, bool is_int64, int64_t i) {
+  return is_int64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
+}
+
+// Token range [bos, eos) of sequence n. cu_seqlens contents are clamped into
+// [0, T] so a kernel stays in bounds whatever they hold (validation reports
+// invalid contents where it can read them).
+struct SequenceRange {
+  int64_t row, bos, eos;
+};
+
+__device__ __forceinline__ SequenceRange sequence_range(const void* cu_seqlens, bool is_int64, int64_t T,
+                                                        int64_t n) {
+  if (cu_seqlens == nullptr) return {n, 0, T};
+  const int64_t bos = min64(max64(load_index(cu_seqlens, is_int64, n), 0), T);
+  const int64_t eos = min64(max64(load_index(cu_seqlens, is_int64, n + 1), bos), T);
+  return {0, bos, eos};
+}
+
+__device__ __forceinline__ float activate_beta(float b, int activation) {
+  if (activation == FLASHQLA_BETA_IDENTITY) return b;
+  const float s = 1.f / (1.f + __expf(-b));
+  return activation == FLASHQLA_BETA_SIGMOID_X2 ? 2.f * s : s;
+}
+
+// Offset of state element (key x, value c) of sequence n, value head hv, in a
+// [N, HV, K, V] (or, v_first, [N, HV, V, K]) tensor with the given strides.
+__device__ __forceinline__ int64_t state_offset(int64_t n, int64_t hv, int64_t x, int64_t c, int64_t sn,
+                                                int64_t sh, int64_t s2, int64_t s3, bool v_first) {
+  return n * sn + hv * sh + (v_first ? c * s2 + x * s3 : x * s2 + c * s3);
+}
+
+}  // namespace flashqla::cuda

@@ -1,0 +1,532 @@
+#include "cuda/sm90/gdn_fwd_fused_sm90.h"
+
+#include "core/trace.h"
+#include "cuda/sm90/device_common.cuh"
+#include "cuda/sm90/warp_mma.cuh"
+
+namespace flashqla::cuda {
+namespace {
+
+using mma::load_a;
+using mma::load_a_trans;
+using mma::load_b_kn;
+using mma::load_b_nk;
+
+constexpr int kChunk = 64;     // tokens per chunk
+constexpr int kDim = 128;      // K = V
+constexpr int kThreads = 256;  // 8 warps
+constexpr int kLd = kDim + 8;     // row stride (elements) of 16-bit [.][128] tiles: ldmatrix conflict-free
+constexpr int kLdP = kChunk + 8;  // row stride of 16-bit [64][64] tiles
+constexpr int kLdF = kChunk + 4;  // row stride of fp32 [64][64] tiles
+// Sequences ranked longest-first in the kernel; beyond this, launch order.
+constexpr int kMaxRankedSequences = 512;
+
+// Shared memory (bytes). Two stages of q, k, v; one of everything else.
+// r1 holds A = β (K Kᵀ ⊙ Γ) during the inverse and Vd afterwards; r2 holds
+// T = (I + A)⁻¹ during the inverse and Vd ⊙ e^{γ_C − γ} afterwards.
+constexpr int kTile16 = kChunk * kLd * 2;
+constexpr int kTileF = kChunk * kLdF * 4;
+static_assert(kTileF <= kTile16, "an fp32 64x64 tile shares a 16-bit 64x128 slot");
+constexpr int kOffQ = 0;
+constexpr int kOffK = kOffQ + 2 * kTile16;
+constexpr int kOffV = kOffK + 2 * kTile16;
+constexpr int kOffW = kOffV + 2 * kTile16;
+constexpr int kOffS = kOffW + kTile16;
+constexpr int kOffR1 = kOffS + kDim * kLd * 2;
+constexpr int kOffR2 = kOffR1 + kTile16;
+constexpr int kOffP = kOffR2 + kTile16;
+constexpr int kOffX = kOffP + kChunk * kLdP * 2;
+constexpr int kOffGate = kOffX + 3 * 16 * 16 * 4;
+constexpr int kSmemBytes = kOffGate + 4 * kChunk * 4;
+static_assert((kMaxRankedSequences + 1) * 8 <= kTile16, "the ranking scratch fits in r1");
+
+// Rank -> sequence index, longest first (ties: lower index first), computed
+// from cu_seqlens on the device so no host read is needed.
+__device__ int64_t sequence_of_rank(const ForwardArgs& a, int64_t rank, int64_t* scratch) {
+  if (a.cu_seqlens == nullptr || a.N <= 1 || a.N > kMaxRankedSequences) return rank;
+  const int n_seq = int(a.N);
+  for (int i = threadIdx.x; i < n_seq; i += kThreads) {
+    const SequenceRange r = sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, i);
+    scratch[i] = r.eos - r.bos;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n_seq; i += kThreads) {
+    const int64_t li = scratch[i];
+    int64_t r = 0;
+    for (int m = 0; m < n_seq; ++m) r += (scratch[m] > li) || (scratch[m] == li && m < i);
+    if (r == rank) scratch[kMaxRankedSequences] = i;
+  }
+  __syncthreads();
+  const int64_t n = scratch[kMaxRankedSequences];
+  __syncthreads();
+  return n;
+}
+
+// Phase timing for kernel development: build with -DFLASHQLA_FUSED_PROFILE
+// (benchmarks/tools/fused_phase_profile.cu); CTA 0 prints the cycles spent
+// between its barriers, summed over the chunk loop.
+#ifdef FLASHQLA_FUSED_PROFILE
+#define FUSED_PHASE(i)                                              \
+  do {                                                              \
+    const long long now_ = clock64();                               \
+    if (threadIdx.x == 0) phase_cycles[i] += now_ - phase_start;    \
+    phase_start = now_;                                             \
+  } while (0)
+#else
+#define FUSED_PHASE(i) \
+  do {                 \
+  } while (0)
+#endif
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const ForwardArgs a) {
+  using M = mma::Mma<T>;
+  extern __shared__ __align__(128) unsigned char smem[];
+  T* const sm_q = reinterpret_cast<T*>(smem + kOffQ);
+  T* const sm_k = reinterpret_cast<T*>(smem + kOffK);
+  T* const sm_v = reinterpret_cast<T*>(smem + kOffV);
+  T* const sm_w = reinterpret_cast<T*>(smem + kOffW);       // −W, [64][kLd]
+  T* const sm_s = reinterpret_cast<T*>(smem + kOffS);       // S (16-bit copy), [128][kLd]
+  float* const sm_a = reinterpret_cast<float*>(smem + kOffR1);  // A, [64][kLdF]
+  float* const sm_t = reinterpret_cast<float*>(smem + kOffR2);  // T, [64][kLdF]
+  T* const sm_vd = reinterpret_cast<T*>(smem + kOffR1);     // Vd, [64][kLd]
+  T* const sm_vdd = reinterpret_cast<T*>(smem + kOffR2);    // Vd ⊙ e^{γ_C − γ}, [64][kLd]
+  T* const sm_p = reinterpret_cast<T*>(smem + kOffP);       // P = Q Kᵀ ⊙ Γ, [64][kLdP]
+  float* const sm_x = reinterpret_cast<float*>(smem + kOffX);   // inverse scratch, 3 x [16][16]
+  float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);  // [2][64]
+  float* const sm_beta = sm_gamma + 2 * kChunk;                        // [2][64]
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  // Chunk-row GEMMs: warp = (16-row block rb, 64-column half ch).
+  const int rb = warp & 3, ch = warp >> 2;
+
+  const int64_t hv = int64_t(blockIdx.x) % a.HV;
+  const int64_t n = sequence_of_rank(a, int64_t(blockIdx.x) / a.HV, reinterpret_cast<int64_t*>(smem + kOffR1));
+  const int64_t h = hv / a.group;
+  const SequenceRange seq = sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, n);
+  const int64_t row = seq.row, bos = seq.bos, eos = seq.eos;
+  const int64_t n_chunks = (eos - bos + kChunk - 1) / kChunk;
+
+  const T* const q_base = static_cast<const T*>(a.q) + row * a.q_sb + h * a.q_sh;
+  const T* const k_base = static_cast<const T*>(a.k) + row * a.k_sb + h * a.k_sh;
+  const T* const v_base = static_cast<const T*>(a.v) + row * a.v_sb + hv * a.v_sh;
+  T* const o_base = static_cast<T*>(a.o) + row * a.o_sb + hv * a.o_sh;
+
+  // cp.async of one chunk's q, k, v rows into a stage; rows >= L are zero.
+  // Thread: 16-byte segment tid % 16 of rows tid / 16 + 16 m (m < 4) of each tile.
+  constexpr int kSegs = kDim / 8;
+  static_assert(kThreads % kSegs == 0 && kChunk % (kThreads / kSegs) == 0, "copy tiling");
+  constexpr int kRowStep = kThreads / kSegs;
+  const int copy_row = tid / kSegs, copy_seg = (tid % kSegs) * 8;
+  auto copy_tile = [&](T* dst, const T* base, int64_t stride, int64_t t0, int L) {
+    const T* src = base + (t0 + copy_row) * stride + copy_seg;
+    dst += copy_row * kLd + copy_seg;
+#pragma unroll
+    for (int m = 0; m < kChunk / kRowStep; ++m) {
+      const int r = copy_row + m * kRowStep;
+      // Rows past L copy nothing (zero fill) from a valid address.
+      mma::cp_async_16(dst + m * kRowStep * kLd, r < L ? src + m * kRowStep * stride : base + t0 * stride,
+                       r < L ? 16 : 0);
+    }
+  };
+  auto load_chunk = [&](int stage, int64_t t0, int L) {
+    copy_tile(sm_q + stage * kChunk * kLd, q_base, a.q_st, t0, L);
+    copy_tile(sm_k + stage * kChunk * kLd, k_base, a.k_st, t0, L);
+    copy_tile(sm_v + stage * kChunk * kLd, v_base, a.v_st, t0, L);
+    mma::cp_async_commit();
+  };
+  // Warp 0 issues the loads of one chunk's gate and beta (lane: rows 2 lane,
+  // 2 lane + 1) as raw bits, so nothing waits on them until the chunk ends...
+  auto load_gate = [&](int64_t t0, int L, uint32_t (&gr)[2], uint32_t (&br)[2]) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int r = 2 * lane + j;
+      const int64_t t = t0 + (r < L ? r : 0);
+      gr[j] = load_raw(a.g, a.g_dtype, row * a.g_sb + t * a.g_st + hv);
+      br[j] = load_raw(a.beta, a.beta_dtype, row * a.beta_sb + t * a.beta_st + hv);
+    }
+  };
+  // ...then stores γ (the inclusive in-chunk cumsum of g) and the activated beta
+  // to a stage; rows >= L get g = 0 and beta = 0.
+  auto store_gate = [&](int stage, int L, const uint32_t (&graw)[2], const uint32_t (&braw)[2]) {
+    float gr[2], br[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const bool in = 2 * lane + j < L;
+      gr[j] = in ? raw_to_float(graw[j], a.g_dtype) : 0.f;
+      br[j] = in ? activate_beta(raw_to_float(braw[j], a.beta_dtype), a.beta_activation) : 0.f;
+    }
+    const float pair = gr[0] + gr[1];
+    float incl = pair;
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+      const float y = __shfl_up_sync(0xffffffffu, incl, off);
+      if (lane >= off) incl += y;
+    }
+    float* gam = sm_gamma + stage * kChunk;
+    float* bet = sm_beta + stage * kChunk;
+    gam[2 * lane] = incl - pair + gr[0];
+    gam[2 * lane + 1] = incl;
+    bet[2 * lane] = br[0];
+    bet[2 * lane + 1] = br[1];
+  };
+
+  // The state: rows (keys) 16 warp + g (+8), columns (values) 8 j + 2 t4 (+1).
+  float s_acc[16][4];
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int x = 16 * warp + g + (e >> 1) * 8, c = 8 * j + 2 * t4 + (e & 1);
+      s_acc[j][e] = a.h0 != nullptr ? load_float(a.h0, a.h0_dtype,
+                                                 state_offset(n, hv, x, c, a.h0_sn, a.h0_sh, a.h0_s2, a.h0_s3,
+                                                              a.state_v_first))
+                                    : 0.f;
+    }
+  }
+  auto store_state_copy = [&]() {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int x = 16 * warp + g, c = 8 * j + 2 * t4;
+      *reinterpret_cast<uint32_t*>(sm_s + x * kLd + c) = M::pack(s_acc[j][0], s_acc[j][1]);
+      *reinterpret_cast<uint32_t*>(sm_s + (x + 8) * kLd + c) = M::pack(s_acc[j][2], s_acc[j][3]);
+    }
+  };
+  store_state_copy();
+
+  if (n_chunks > 0) {
+    const int L0 = int(min64(kChunk, eos - bos));
+    load_chunk(0, bos, L0);
+    if (warp == 0) {
+      uint32_t gr[2], br[2];
+      load_gate(bos, L0, gr, br);
+      store_gate(0, L0, gr, br);
+    }
+  }
+
+#ifdef FLASHQLA_FUSED_PROFILE
+  long long phase_cycles[8] = {}, phase_start = clock64();
+#endif
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const int stage = int(c & 1);
+    const int64_t t0 = bos + c * kChunk;
+    const int L = int(min64(kChunk, eos - t0));
+    mma::cp_async_wait_all();
+    __syncthreads();
+    FUSED_PHASE(0);
+
+    // Prefetch the next chunk while this one computes.
+    const bool has_next = c + 1 < n_chunks;
+    uint32_t next_g[2] = {0u, 0u}, next_b[2] = {0u, 0u};
+    const int L_next = has_next ? int(min64(kChunk, eos - t0 - kChunk)) : 0;
+    if (has_next) {
+      load_chunk(stage ^ 1, t0 + kChunk, L_next);
+      if (warp == 0) load_gate(t0 + kChunk, L_next, next_g, next_b);
+    }
+
+    T* const qs = sm_q + stage * kChunk * kLd;
+    T* const ks = sm_k + stage * kChunk * kLd;
+    const T* const vs = sm_v + stage * kChunk * kLd;
+    const float* const gam = sm_gamma + stage * kChunk;
+    const float* const bet = sm_beta + stage * kChunk;
+
+    if (a.use_qk_l2norm) {  // x · rsqrt(Σx² + 1e-6) per row of q and k; warp: 16 rows, lane: 4 columns
+      for (int rr = 0; rr < 16; ++rr) {
+        const int r = warp * 16 + rr;
+        T* rowp = (r < kChunk ? qs + r * kLd : ks + (r - kChunk) * kLd) + 4 * lane;
+        float x[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[e] = float(rowp[e]);
+        float ss = x[0] * x[0] + x[1] * x[1] + x[2] * x[2] + x[3] * x[3];
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+        const float rs = rsqrtf(ss + 1e-6f);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) rowp[e] = T(x[e] * rs);
+      }
+      __syncthreads();
+    }
+
+    // --- 1. A = β (K Kᵀ ⊙ Γ) strictly lower (fp32) and P = Q Kᵀ ⊙ Γ lower (16-bit).
+    // Warp (rb, ch) computes rows 16 rb.., columns 32 ch..; tiles wholly above the
+    // diagonal are skipped (never read).
+    if (!(ch == 1 && rb < 2)) {
+      float acc[4][4], pacc[4][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = pacc[j][e] = 0.f;
+#pragma unroll
+      for (int k0 = 0; k0 < kDim; k0 += 16) {
+        uint32_t ak[4], aq[4];
+        load_a(ak, ks, kLd, 16 * rb, k0, lane);
+        load_a(aq, qs, kLd, 16 * rb, k0, lane);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t b[4];
+          load_b_nk(b, ks, kLd, 32 * ch + 16 * np, k0, lane);
+          M::run(acc[2 * np], ak, b[0], b[1]);
+          M::run(acc[2 * np + 1], ak, b[2], b[3]);
+          M::run(pacc[2 * np], aq, b[0], b[1]);
+          M::run(pacc[2 * np + 1], aq, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = 16 * rb + g + 8 * half;
+        const float gi = gam[i], bi = bet[i];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int col = 32 * ch + 8 * j + 2 * t4;
+          float av[2], pv[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int jj = col + e;
+            const float decay = jj <= i ? __expf(gi - gam[jj]) : 0.f;
+            av[e] = jj < i ? bi * acc[j][2 * half + e] * decay : 0.f;
+            pv[e] = pacc[j][2 * half + e] * decay;
+          }
+          *reinterpret_cast<float2*>(sm_a + i * kLdF + col) = make_float2(av[0], av[1]);
+          *reinterpret_cast<uint32_t*>(sm_p + i * kLdP + col) = M::pack(pv[0], pv[1]);
+        }
+      }
+    }
+    __syncthreads();
+    FUSED_PHASE(1);
+
+    // --- 2. T = (I + A)⁻¹: the four 16x16 diagonal blocks by forward substitution
+    // (lane = column), then the off-diagonal blocks by distance from the diagonal,
+    // T_ij = −T_ii Σ_{k=j}^{i−1} A_ik T_kj.
+    if (warp < 4 && lane < 16) {
+      const int b0 = 16 * warp;
+      float x[16];
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        float acc0 = r == lane ? 1.f : 0.f, acc1 = 0.f;
+        const float* arow = sm_a + (b0 + r) * kLdF + b0;
+#pragma unroll
+        for (int m = 0; m < r; ++m) {
+          if (m & 1) {
+            acc1 -= arow[m] * x[m];
+          } else {
+            acc0 -= arow[m] * x[m];
+          }
+        }
+        x[r] = acc0 + acc1;
+      }
+#pragma unroll
+      for (int r = 0; r < 16; ++r) sm_t[(b0 + r) * kLdF + b0 + lane] = x[r];
+    }
+    __syncthreads();
+    FUSED_PHASE(2);
+    // Column block j (warp j < 3) depends only on the diagonal blocks and on its
+    // own earlier results, so each warp walks its column without CTA barriers.
+    if (warp < 3) {
+      const int j = warp;
+      float* const xs = sm_x + warp * 256;  // [16][16]
+      for (int i = j + 1; i < 4; ++i) {
+        float acc[2][4] = {};
+        for (int k = j; k < i; ++k)
+          mma::mma_tf32_16x16x16(acc, sm_a + 16 * i * kLdF + 16 * k, kLdF, sm_t + 16 * k * kLdF + 16 * j, kLdF, lane);
+        mma::store_c_16x16(xs, 16, acc, 1.f, lane);
+        __syncwarp();
+        float tij[2][4] = {};
+        mma::mma_tf32_16x16x16(tij, sm_t + 16 * i * kLdF + 16 * i, kLdF, xs, 16, lane);
+        mma::store_c_16x16(sm_t + 16 * i * kLdF + 16 * j, kLdF, tij, -1.f, lane);
+        __syncwarp();
+      }
+    }
+    __syncthreads();
+    FUSED_PHASE(3);
+
+    // --- 3. −W = −T diag(β e^γ) K (to shared) and U = T diag(β) V (kept in registers).
+    float u_acc[8][4], o_acc[8][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) u_acc[j][e] = o_acc[j][e] = 0.f;
+    {
+      float w_acc[8][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) w_acc[j][e] = 0.f;
+      for (int kb = 0; kb <= rb; ++kb) {
+        const int c0 = 16 * kb + 2 * t4;
+        const float* t_lo = sm_t + (16 * rb + g) * kLdF + c0;
+        const float* t_hi = t_lo + 8 * kLdF;
+        const float2 x00 = *reinterpret_cast<const float2*>(t_lo);
+        const float2 x01 = *reinterpret_cast<const float2*>(t_lo + 8);
+        const float2 x10 = *reinterpret_cast<const float2*>(t_hi);
+        const float2 x11 = *reinterpret_cast<const float2*>(t_hi + 8);
+        const float b0 = bet[c0], b1 = bet[c0 + 1], b8 = bet[c0 + 8], b9 = bet[c0 + 9];
+        const float w0 = b0 * __expf(gam[c0]), w1 = b1 * __expf(gam[c0 + 1]);
+        const float w8 = b8 * __expf(gam[c0 + 8]), w9 = b9 * __expf(gam[c0 + 9]);
+        const uint32_t au[4] = {M::pack(x00.x * b0, x00.y * b1), M::pack(x10.x * b0, x10.y * b1),
+                                M::pack(x01.x * b8, x01.y * b9), M::pack(x11.x * b8, x11.y * b9)};
+        const uint32_t aw[4] = {M::pack(x00.x * w0, x00.y * w1), M::pack(x10.x * w0, x10.y * w1),
+                                M::pack(x01.x * w8, x01.y * w9), M::pack(x11.x * w8, x11.y * w9)};
+#pragma unroll
+        for (int np = 0; np < 4; ++np) {
+          uint32_t b[4];
+          load_b_kn(b, ks, kLd, 16 * kb, 64 * ch + 16 * np, lane);
+          M::run(w_acc[2 * np], aw, b[0], b[1]);
+          M::run(w_acc[2 * np + 1], aw, b[2], b[3]);
+          load_b_kn(b, vs, kLd, 16 * kb, 64 * ch + 16 * np, lane);
+          M::run(u_acc[2 * np], au, b[0], b[1]);
+          M::run(u_acc[2 * np + 1], au, b[2], b[3]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int i = 16 * rb + g, col = 64 * ch + 8 * j + 2 * t4;
+        *reinterpret_cast<uint32_t*>(sm_w + i * kLd + col) = M::pack(-w_acc[j][0], -w_acc[j][1]);
+        *reinterpret_cast<uint32_t*>(sm_w + (i + 8) * kLd + col) = M::pack(-w_acc[j][2], -w_acc[j][3]);
+      }
+    }
+    __syncthreads();
+    FUSED_PHASE(4);
+
+    // --- 4. Vd = U − W S and e^γ Q S, sharing the S fragments.
+#pragma unroll
+    for (int k0 = 0; k0 < kDim; k0 += 16) {
+      uint32_t aw[4], aq[4];
+      load_a(aw, sm_w, kLd, 16 * rb, k0, lane);
+      load_a(aq, qs, kLd, 16 * rb, k0, lane);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        load_b_kn(b, sm_s, kLd, k0, 64 * ch + 16 * np, lane);
+        M::run(u_acc[2 * np], aw, b[0], b[1]);
+        M::run(u_acc[2 * np + 1], aw, b[2], b[3]);
+        M::run(o_acc[2 * np], aq, b[0], b[1]);
+        M::run(o_acc[2 * np + 1], aq, b[2], b[3]);
+      }
+    }
+    const float gamma_last = gam[kChunk - 1];  // rows >= L repeat γ_{L−1}
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = 16 * rb + g + 8 * half;
+      const float decay = __expf(gamma_last - gam[i]), eg = __expf(gam[i]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int col = 64 * ch + 8 * j + 2 * t4;
+        const float v0 = u_acc[j][2 * half], v1 = u_acc[j][2 * half + 1];
+        *reinterpret_cast<uint32_t*>(sm_vd + i * kLd + col) = M::pack(v0, v1);
+        *reinterpret_cast<uint32_t*>(sm_vdd + i * kLd + col) = M::pack(decay * v0, decay * v1);
+        o_acc[j][2 * half] *= eg;
+        o_acc[j][2 * half + 1] *= eg;
+      }
+    }
+    __syncthreads();
+    FUSED_PHASE(5);
+
+    // --- 5. O = scale (e^γ Q S + P Vd), written for rows < L.
+    for (int kb = 0; kb <= rb; ++kb) {
+      uint32_t ap[4];
+      load_a(ap, sm_p, kLdP, 16 * rb, 16 * kb, lane);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t b[4];
+        load_b_kn(b, sm_vd, kLd, 16 * kb, 64 * ch + 16 * np, lane);
+        M::run(o_acc[2 * np], ap, b[0], b[1]);
+        M::run(o_acc[2 * np + 1], ap, b[2], b[3]);
+      }
+    }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int i = 16 * rb + g + 8 * half;
+      if (i < L) {
+        T* const orow = o_base + (t0 + i) * a.o_st;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int col = 64 * ch + 8 * j + 2 * t4;
+          *reinterpret_cast<uint32_t*>(orow + col) =
+              M::pack(a.scale * o_acc[j][2 * half], a.scale * o_acc[j][2 * half + 1]);
+        }
+      }
+    }
+
+    // --- 6. S = e^{γ_C} S + Kᵀ (Vd ⊙ e^{γ_C − γ}); warp: state rows 16 warp...
+    const float e_last = __expf(gamma_last);
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s_acc[j][e] *= e_last;
+#pragma unroll
+    for (int kb = 0; kb < kChunk / 16; ++kb) {
+      uint32_t ak[4];
+      load_a_trans(ak, ks, kLd, 16 * warp, 16 * kb, lane);
+#pragma unroll
+      for (int np = 0; np < 8; ++np) {
+        uint32_t b[4];
+        load_b_kn(b, sm_vdd, kLd, 16 * kb, 16 * np, lane);
+        M::run(s_acc[2 * np], ak, b[0], b[1]);
+        M::run(s_acc[2 * np + 1], ak, b[2], b[3]);
+      }
+    }
+    store_state_copy();  // every warp has finished reading S (step 4)
+
+    if (has_next && warp == 0) store_gate(stage ^ 1, L_next, next_g, next_b);
+    FUSED_PHASE(6);
+  }
+#ifdef FLASHQLA_FUSED_PROFILE
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    printf("fused phases (cycles per chunk over %lld chunks): wait %lld | A,P %lld | diag inv %lld | offdiag inv %lld"
+           " | W,U %lld | Vd,QS %lld | O,state %lld\n",
+           (long long)n_chunks, phase_cycles[0] / n_chunks, phase_cycles[1] / n_chunks, phase_cycles[2] / n_chunks,
+           phase_cycles[3] / n_chunks, phase_cycles[4] / n_chunks, phase_cycles[5] / n_chunks,
+           phase_cycles[6] / n_chunks);
+  }
+#endif
+
+  if (a.ht != nullptr) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int x = 16 * warp + g + (e >> 1) * 8, c = 8 * j + 2 * t4 + (e & 1);
+        store_float(a.ht, a.ht_dtype,
+                    state_offset(n, hv, x, c, a.ht_sn, a.ht_sh, a.ht_s2, a.ht_s3, a.state_v_first), s_acc[j][e]);
+      }
+    }
+  }
+}
+
+bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+template <typename T>
+cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
+  cudaError_t err =
+      cudaFuncSetAttribute(gdn_fwd_fused_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const int64_t blocks = args.N * args.HV;
+  if (blocks == 0) return cudaSuccess;
+  FLASHQLA_PLAN("gdn_fwd_fused_kernel: grid=%lld block=%d smem=%d bytes (chunk %d, K=V=%d)", (long long)blocks,
+                kThreads, kSmemBytes, kChunk, kDim);
+  gdn_fwd_fused_kernel<T><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+bool fused_forward_supports(const ForwardArgs& a) {
+  if (a.K != kDim || a.V != kDim) return false;
+  if (a.token_dtype != FLASHQLA_DTYPE_BFLOAT16 && a.token_dtype != FLASHQLA_DTYPE_FLOAT16) return false;
+  if (a.o_dtype != a.token_dtype) return false;
+  // cp.async moves 16-byte row segments; o is written as pairs of elements.
+  for (const void* p : {a.q, a.k, a.v})
+    if (!aligned(p, 16)) return false;
+  for (int64_t s : {a.q_sb, a.q_st, a.q_sh, a.k_sb, a.k_st, a.k_sh, a.v_sb, a.v_st, a.v_sh})
+    if (s % 8 != 0) return false;
+  if (!aligned(a.o, 4) || a.o_sb % 2 != 0 || a.o_st % 2 != 0 || a.o_sh % 2 != 0) return false;
+  return true;
+}
+
+cudaError_t launch_gdn_fwd_fused(const ForwardArgs& args, cudaStream_t stream) {
+  return args.token_dtype == FLASHQLA_DTYPE_BFLOAT16 ? launch_typed<__nv_bfloat16>(args, stream)
+                                                    : launch_typed<__half>(args, stream);
+}
+
+}  // namespace flashqla::cuda

@@ -1,0 +1,139 @@
+// Warp-level tensor-core building blocks: mma.sync m16n8k16 (bf16 / fp16 in,
+// fp32 accumulate), ldmatrix fragment loads from padded row-major shared
+// tiles, cp.async 16-byte copies with zero fill, and fp32 -> 16-bit packing.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16; g = lane / 4, t = lane % 4):
+//   A 16x16: a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
+//   B 16x8:  b0 (k 2t..2t+1, n g)  b1 (k 2t+8.., n g)
+//   C 16x8:  c0,c1 (g, 2t..2t+1)   c2,c3 (g+8, 2t..2t+1)
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace flashqla::cuda::mma {
+
+template <typename T>
+struct Mma;
+
+template <>
+struct Mma<__nv_bfloat16> {
+  __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+template <>
+struct Mma<__half> {
+  __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+__device__ __forceinline__ uint32_t to_tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// C (16x16, two n-tiles of C fragments) += A (16x16) B (16x16), fp32 operands
+// read from row-major shared tiles and multiplied in tf32 (m16n8k8):
+//   A 16x8: a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4);  B 8x8: b0 (k t, n g)  b1 (k t+4, n g)
+__device__ __forceinline__ void mma_tf32_16x16x16(float (&c)[2][4], const float* a, int lda, const float* b, int ldb,
+                                                  int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int k0 = 0; k0 < 16; k0 += 8) {
+    const uint32_t af[4] = {to_tf32(a[g * lda + k0 + t]), to_tf32(a[(g + 8) * lda + k0 + t]),
+                            to_tf32(a[g * lda + k0 + t + 4]), to_tf32(a[(g + 8) * lda + k0 + t + 4])};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const uint32_t b0 = to_tf32(b[(k0 + t) * ldb + 8 * nt + g]), b1 = to_tf32(b[(k0 + t + 4) * ldb + 8 * nt + g]);
+      asm volatile(
+          "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+          "{%0,%1,%2,%3};\n"
+          : "+f"(c[nt][0]), "+f"(c[nt][1]), "+f"(c[nt][2]), "+f"(c[nt][3])
+          : "r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]), "r"(b0), "r"(b1));
+    }
+  }
+}
+
+// Stores a 16x16 fp32 C (as accumulated by mma_tf32_16x16x16), times `scale`,
+// to a row-major shared tile.
+__device__ __forceinline__ void store_c_16x16(float* dst, int ld, const float (&c)[2][4], float scale, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    *reinterpret_cast<float2*>(dst + g * ld + 8 * nt + 2 * t) = make_float2(scale * c[nt][0], scale * c[nt][1]);
+    *reinterpret_cast<float2*>(dst + (g + 8) * ld + 8 * nt + 2 * t) = make_float2(scale * c[nt][2], scale * c[nt][3]);
+  }
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// A fragment of the 16x16 block at (r0, c0) of a row-major [m][k] tile.
+template <typename T>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int ld, int r0, int c0, int lane) {
+  ldsm_x4(a, tile + (r0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * ld + c0 + ((lane >> 4) << 3));
+}
+
+// A fragment of A = Xᵀ for the 16x16 block at (m0, k0) of A, where X is a
+// row-major [k][m] tile.
+template <typename T>
+__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const T* tile, int ld, int m0, int k0, int lane) {
+  ldsm_x4_trans(a, tile + (k0 + (lane & 7) + ((lane >> 4) << 3)) * ld + m0 + (((lane >> 3) & 1) << 3));
+}
+
+// B fragments of two adjacent n-tiles (n0 and n0 + 8) at reduction offset k0,
+// from a row-major [n][k] tile: b[0], b[1] for n0; b[2], b[3] for n0 + 8.
+template <typename T>
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const T* tile, int ld, int n0, int k0, int lane) {
+  ldsm_x4(b, tile + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + (((lane >> 3) & 1) << 3));
+}
+
+// The same two n-tiles from a row-major [k][n] tile.
+template <typename T>
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const T* tile, int ld, int k0, int n0, int lane) {
+  ldsm_x4_trans(b, tile + (k0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * ld + n0 + ((lane >> 4) << 3));
+}
+
+// 16-byte global -> shared copy; src_bytes = 0 fills the destination with zeros.
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+}  // namespace flashqla::cuda::mma
