@@ -35,8 +35,7 @@ constexpr int kOffS = kOffW + kTile16;
 constexpr int kOffR1 = kOffS + kDim * kLd * 2;
 constexpr int kOffR2 = kOffR1 + kTile16;
 constexpr int kOffP = kOffR2 + kTile16;
-constexpr int kOffX = kOffP + kChunk * kLdP * 2;
-constexpr int kOffGate = kOffX + 3 * 16 * 16 * 4;
+constexpr int kOffGate = kOffP + kChunk * kLdP * 2;
 constexpr int kSmemBytes = kOffGate + 4 * kChunk * 4;
 static_assert((kMaxRankedSequences + 1) * 8 <= kTile16, "the ranking scratch fits in r1");
 
@@ -92,7 +91,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   T* const sm_vd = reinterpret_cast<T*>(smem + kOffR1);     // Vd, [64][kLd]
   T* const sm_vdd = reinterpret_cast<T*>(smem + kOffR2);    // Vd ⊙ e^{γ_C − γ}, [64][kLd]
   T* const sm_p = reinterpret_cast<T*>(smem + kOffP);       // P = Q Kᵀ ⊙ Γ, [64][kLdP]
-  float* const sm_x = reinterpret_cast<float*>(smem + kOffX);   // inverse scratch, 3 x [16][16]
   float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);  // [2][64]
   float* const sm_beta = sm_gamma + 2 * kChunk;                        // [2][64]
 
@@ -320,20 +318,26 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     }
     __syncthreads();
     FUSED_PHASE(2);
-    // Column block j (warp j < 3) depends only on the diagonal blocks and on its
-    // own earlier results, so each warp walks its column without CTA barriers.
+    // M_ik = T_ii A_ik for the six blocks below the diagonal (one warp each),
+    // in place of A_ik; then T_ij = −Σ_{k=j}^{i−1} M_ik T_kj. Column block j
+    // (warp j < 3) needs only M and its own earlier blocks, so each warp walks
+    // its column without CTA barriers.
+    if (warp < 6) {
+      // warps 0-2: (1,0) (2,1) (3,2); 3-4: (2,0) (3,1); 5: (3,0)
+      const int i = warp < 3 ? warp + 1 : (warp < 5 ? warp - 1 : 3), k = warp < 3 ? warp : (warp < 5 ? warp - 3 : 0);
+      float m[2][4] = {};
+      mma::mma_tf32_16x16x16(m, sm_t + 16 * i * kLdF + 16 * i, kLdF, sm_a + 16 * i * kLdF + 16 * k, kLdF, lane);
+      __syncwarp();
+      mma::store_c_16x16(sm_a + 16 * i * kLdF + 16 * k, kLdF, m, 1.f, lane);
+    }
+    __syncthreads();
     if (warp < 3) {
       const int j = warp;
-      float* const xs = sm_x + warp * 256;  // [16][16]
       for (int i = j + 1; i < 4; ++i) {
         float acc[2][4] = {};
         for (int k = j; k < i; ++k)
           mma::mma_tf32_16x16x16(acc, sm_a + 16 * i * kLdF + 16 * k, kLdF, sm_t + 16 * k * kLdF + 16 * j, kLdF, lane);
-        mma::store_c_16x16(xs, 16, acc, 1.f, lane);
-        __syncwarp();
-        float tij[2][4] = {};
-        mma::mma_tf32_16x16x16(tij, sm_t + 16 * i * kLdF + 16 * i, kLdF, xs, 16, lane);
-        mma::store_c_16x16(sm_t + 16 * i * kLdF + 16 * j, kLdF, tij, -1.f, lane);
+        mma::store_c_16x16(sm_t + 16 * i * kLdF + 16 * j, kLdF, acc, -1.f, lane);
         __syncwarp();
       }
     }
