@@ -3,6 +3,7 @@
 // launch of each configuration with CUDA events, and compares o with the simple
 // kernel's on the same inputs. On the GPU machine:
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -DFLASHQLA_FUSED_PROFILE -Iinclude -Isrc \
+//     -Ithird_party/cutlass/include \
 //     benchmarks/tools/fused_phase_profile.cu src/cuda/sm90/gdn_fwd_simple_sm90.cu -o /tmp/fused_phase_profile
 //   /tmp/fused_phase_profile
 #include <cstdio>

@@ -251,6 +251,14 @@ FLASHQLA_API flashqla_status_t flashqla_gdn_bwd(const flashqla_gdn_bwd_params_t*
 FLASHQLA_API flashqla_status_t flashqla_gdn_resolve_backend(
     const flashqla_gdn_fwd_params_t* params, flashqla_backend_t* backend);
 
+/* Name of the kernel a forward call with these params runs (validates the
+ * params first; reads no device memory): "cpu_chunked" or "cpu_recurrent" on
+ * the CPU backend; on the CUDA backend "sm90_fused" (K = V = 128, bf16/fp16
+ * q, k, v and o, 16-byte aligned rows) or "sm90_simple" (every other shape, or
+ * FLASHQLA_FORWARD_KERNEL=simple). The string is static. */
+FLASHQLA_API flashqla_status_t flashqla_gdn_fwd_kernel_name(
+    const flashqla_gdn_fwd_params_t* params, const char** name);
+
 /* Message of the last failing call on this thread ("" if none). The string
  * stays valid until the next flashqla call on the same thread. */
 FLASHQLA_API const char* flashqla_last_error_message(void);

@@ -36,10 +36,13 @@ def load() -> None:
 load()
 
 # What the CUDA backend of this version computes. The forward runs on every
-# supported shape (the simple sm_90a kernel; the fused kernel is still to come, so
-# the FLA backend leaves CUDA calls to FLA for now); the backward is not there yet,
-# so CUDA inputs that require gradients are refused with NotImplementedError.
-# Nothing is ever computed on the CPU for CUDA tensors.
+# supported shape (the fused sm_90a kernel for K = V = 128 in bf16/fp16, the
+# simple one elsewhere); the backward is not there yet, so CUDA inputs that
+# require gradients are refused with NotImplementedError. Nothing is ever
+# computed on the CPU for CUDA tensors.
 CUDA_FORWARD_AVAILABLE = True
-CUDA_FUSED_FORWARD_AVAILABLE = False
 CUDA_BACKWARD_AVAILABLE = False
+# The FLA backend takes CUDA calls only once flashqla's forward beats FLA's own
+# kernels on the published shapes (docs/perf.md); until then it declines them,
+# so FLA's users never get a slower path through dispatch.
+CUDA_FORWARD_BEATS_FLA = False

@@ -87,9 +87,9 @@ def _make_backend():
                 except Exception as e:  # noqa: BLE001 - every refusal becomes FLA's "declined" reason
                     return False, f"flashqla declines: {type(e).__name__}: {e}"
             q = call["q"]
-            if q.is_cuda and not _library.CUDA_FUSED_FORWARD_AVAILABLE:
-                return False, ("flashqla declines: its fused sm_90a kernel is not part of this version; "
-                               "FLA's own kernels are faster than flashqla's simple CUDA path")
+            if q.is_cuda and not _library.CUDA_FORWARD_BEATS_FLA:
+                return False, ("flashqla declines: its sm_90a forward is not yet faster than FLA's own kernels "
+                               "on every published shape (see flashqla's docs/perf.md)")
             return True, None
 
         def chunk_gated_delta_rule(self, *args, **kwargs):

@@ -148,6 +148,21 @@ flashqla_status_t flashqla_gdn_resolve_backend(const flashqla_gdn_fwd_params_t* 
   });
 }
 
+flashqla_status_t flashqla_gdn_fwd_kernel_name(const flashqla_gdn_fwd_params_t* params, const char** name) {
+  return guarded([&] {
+    constexpr const char* entry = "flashqla_gdn_fwd_kernel_name";
+    FLASHQLA_REQUIRE(name != nullptr, entry, ": name: pointer is NULL");
+    const flashqla::Problem pr = flashqla::validate_forward(params, entry);
+#ifdef FLASHQLA_WITH_CUDA
+    if (pr.backend == FLASHQLA_BACKEND_CUDA) {
+      *name = flashqla::cuda::forward_kernel_name(pr, *params);
+      return;
+    }
+#endif
+    *name = params->cpu_algorithm == FLASHQLA_CPU_ALGORITHM_RECURRENT ? "cpu_recurrent" : "cpu_chunked";
+  });
+}
+
 const char* flashqla_status_string(flashqla_status_t status) {
   switch (status) {
     case FLASHQLA_STATUS_SUCCESS: return "FLASHQLA_STATUS_SUCCESS";

@@ -80,16 +80,6 @@ bool simple_forward_forced() {
   return forced;
 }
 
-}  // namespace
-
-size_t forward_workspace_bytes(const Problem& pr, const flashqla_gdn_fwd_params_t&) {
-  return pr.debug_check_cu_seqlens ? kCuSeqlensCheckBytes : 0;
-}
-
-size_t backward_workspace_bytes(const Problem& pr, const flashqla_gdn_bwd_params_t&) {
-  return pr.debug_check_cu_seqlens ? kCuSeqlensCheckBytes : 0;
-}
-
 ForwardArgs forward_args(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
   ForwardArgs a{};
   a.T = pr.T;
@@ -128,18 +118,39 @@ ForwardArgs forward_args(const Problem& pr, const flashqla_gdn_fwd_params_t& p) 
   return a;
 }
 
-void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
-  constexpr const char* entry = "flashqla_gdn_fwd";
-  require_sm90(entry);
-  if (pr.debug_check_cu_seqlens) debug_check_cu_seqlens(p, pr, entry);
-  // q, k and v share one dtype on the GPU (the kernels load them alike).
+bool use_fused_forward(const ForwardArgs& args) { return fused_forward_supports(args) && !simple_forward_forced(); }
+
+// q, k and v share one dtype on the GPU (the kernels load them alike).
+void require_shared_token_dtype(const flashqla_gdn_fwd_params_t& p, const char* entry) {
   if (p.k.dtype != p.q.dtype || p.v.dtype != p.q.dtype) {
     fail(FLASHQLA_STATUS_NOT_SUPPORTED,
          str(entry, ": q, k and v must share one dtype on the CUDA backend (got ", int(p.q.dtype), ", ",
              int(p.k.dtype), ", ", int(p.v.dtype), ")"));
   }
+}
+
+}  // namespace
+
+size_t forward_workspace_bytes(const Problem& pr, const flashqla_gdn_fwd_params_t&) {
+  return pr.debug_check_cu_seqlens ? kCuSeqlensCheckBytes : 0;
+}
+
+size_t backward_workspace_bytes(const Problem& pr, const flashqla_gdn_bwd_params_t&) {
+  return pr.debug_check_cu_seqlens ? kCuSeqlensCheckBytes : 0;
+}
+
+const char* forward_kernel_name(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
+  require_shared_token_dtype(p, "flashqla_gdn_fwd_kernel_name");
+  return use_fused_forward(forward_args(pr, p)) ? "sm90_fused" : "sm90_simple";
+}
+
+void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
+  constexpr const char* entry = "flashqla_gdn_fwd";
+  require_sm90(entry);
+  if (pr.debug_check_cu_seqlens) debug_check_cu_seqlens(p, pr, entry);
+  require_shared_token_dtype(p, entry);
   const ForwardArgs args = forward_args(pr, p);
-  if (fused_forward_supports(args) && !simple_forward_forced()) {
+  if (use_fused_forward(args)) {
     check_cuda(launch_gdn_fwd_fused(args, p.stream), entry, "fused forward kernel launch");
   } else {
     check_cuda(launch_gdn_fwd_simple(args, p.stream), entry, "simple forward kernel launch");

@@ -148,6 +148,21 @@ TEST(Api, AutoBackendResolvesToCpuForHostPointers) {
   }
 }
 
+TEST(Api, KernelNameNamesTheCpuAlgorithm) {
+  GdnCase c = small_case();
+  const char* name = nullptr;
+  flashqla_gdn_fwd_params_t p = c.fwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
+  ASSERT_EQ(flashqla_gdn_fwd_kernel_name(&p, &name), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+  EXPECT_STREQ(name, "cpu_chunked");
+  p = c.fwd_params(FLASHQLA_CPU_ALGORITHM_RECURRENT);
+  ASSERT_EQ(flashqla_gdn_fwd_kernel_name(&p, &name), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+  EXPECT_STREQ(name, "cpu_recurrent");
+  EXPECT_EQ(flashqla_gdn_fwd_kernel_name(&p, nullptr), FLASHQLA_STATUS_INVALID_ARGUMENT);
+  EXPECT_THAT(flashqla_last_error_message(), HasSubstr("flashqla_gdn_fwd_kernel_name: name"));
+  p.q.data = nullptr;  // invalid params are reported, not named
+  EXPECT_EQ(flashqla_gdn_fwd_kernel_name(&p, &name), FLASHQLA_STATUS_INVALID_ARGUMENT);
+}
+
 TEST(Api, AutoBackendComputesOnTheCpu) {
   GdnCase c = small_case();
   flashqla_gdn_fwd_params_t p = c.fwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -86,6 +87,13 @@ TEST_F(CudaBackend, AutoResolvesToCudaForDevicePointers) {
   ASSERT_EQ(flashqla_gdn_resolve_backend(&p, &backend), FLASHQLA_STATUS_SUCCESS)
       << flashqla_last_error_message();
   EXPECT_EQ(backend, FLASHQLA_BACKEND_CUDA);
+}
+
+TEST_F(CudaBackend, KernelNameForOtherHeadSizesIsSimple) {
+  flashqla_gdn_fwd_params_t p = device_params();  // K = V = 16
+  const char* name = nullptr;
+  ASSERT_EQ(flashqla_gdn_fwd_kernel_name(&p, &name), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+  EXPECT_STREQ(name, "sm90_simple");
 }
 
 TEST_F(CudaBackend, MixedHostAndDevicePointersAreRejected) {
@@ -185,7 +193,18 @@ struct GpuFwdConfig {
   bool h0 = true, v_first = false, l2norm = false;
   double g_value = NAN, beta_value = NAN;
   int64_t row_pad = 0;
+  // Whether the fused kernel covers the shape (else the simple kernel runs).
+  bool fused = true;
 };
+
+// The kernel a GpuForward case must run: the fused one where it covers the
+// shape, unless the suite runs with FLASHQLA_FORWARD_KERNEL=simple (a second
+// ctest entry does, so both kernels meet the oracle on the fast-path shapes).
+std::string expected_kernel(const GpuFwdConfig& f) {
+  const char* forced = std::getenv("FLASHQLA_FORWARD_KERNEL");
+  const bool simple_forced = forced != nullptr && std::string(forced) == "simple";
+  return f.fused && !simple_forced ? "sm90_fused" : "sm90_simple";
+}
 
 // Fills a device buffer with 0xFF bytes: NaN in bf16, fp16 and fp32, so an
 // element the kernel does not write fails the comparison.
@@ -246,6 +265,10 @@ TEST_P(GpuForward, MatchesCpuOracle) {
   for (size_t i = 0; i < dev.size(); ++i) *slots[i] = dev[i]->desc;
   if (!f.h0) p.initial_state = flashqla_tensor_t{};
   if (f.cu_seqlens.empty()) p.cu_seqlens = flashqla_tensor_t{};
+
+  const char* kernel = nullptr;
+  ASSERT_EQ(flashqla_gdn_fwd_kernel_name(&p, &kernel), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+  EXPECT_EQ(std::string(kernel), expected_kernel(f)) << f.name;
 
   std::vector<unsigned char> first_o, first_ht;
   for (int run = 0; run < 2; ++run) {
@@ -312,16 +335,24 @@ std::vector<GpuFwdConfig> gpu_forward_configs() {
   v.push_back(f);
   f.name = "fp32";
   f.dtype = FLASHQLA_DTYPE_FLOAT32;
+  f.fused = false;
   v.push_back(f);
+  f.fused = true;
   f.dtype = FLASHQLA_DTYPE_BFLOAT16;
   f.name = "strided_views";
   f.row_pad = 24;
   v.push_back(f);
+  f.name = "strided_views_unaligned";  // rows not 16-byte aligned: the simple kernel
+  f.row_pad = 3;
+  f.fused = false;
+  v.push_back(f);
+  f.fused = true;
   f.row_pad = 0;
   f.name = "l2norm_in_kernel";
   f.l2norm = true;
   v.push_back(f);
   f.l2norm = false;
+  f.fused = false;  // other head sizes: the simple kernel
   f.name = "K64_V64";
   f.K = f.V = 64;
   v.push_back(f);

@@ -157,11 +157,11 @@ def test_fused_gate_on_cuda():
 
 
 @pytest.mark.skipif(not HAS_FLA, reason="flash-linear-attention not installed")
-def test_fla_backend_leaves_cuda_to_fla_until_the_fused_kernel_exists():
+def test_fla_backend_leaves_cuda_to_fla_until_flashqla_is_faster():
     pytest.importorskip("fla.ops.gated_delta_rule")
     from fla.ops.gated_delta_rule.backends import gdr_registry
 
     backend = gdr_registry._backends["flashqla"]
     x = make_inputs(T=64, H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, device="cuda")
     ok, reason = backend.verify("chunk_gated_delta_rule", **x, output_final_state=True)
-    assert not ok and "fused sm_90a kernel" in reason
+    assert not ok and "not yet faster than FLA" in reason
