@@ -3,6 +3,7 @@
 #include "core/trace.h"
 #include "cuda/sm90/device_common.cuh"
 #include "cuda/sm90/warp_mma.cuh"
+#include "cuda/sm90/warpgroup_mma.cuh"
 
 namespace flashqla::cuda {
 namespace {
@@ -21,9 +22,11 @@ constexpr int kLdF = kChunk + 4;  // row stride of fp32 [64][64] tiles
 // Sequences ranked longest-first in the kernel; beyond this, launch order.
 constexpr int kMaxRankedSequences = 512;
 
-// Shared memory (bytes). Two stages of q, k, v; one of everything else.
-// r1 holds A = β (K Kᵀ ⊙ Γ) during the inverse and Vd afterwards; r2 holds
-// T = (I + A)⁻¹ during the inverse and Vd ⊙ e^{γ_C − γ} afterwards.
+// Shared memory (bytes). Two stages of q, k, v; one of everything else. q, k,
+// v, W, P, A and T are padded row-major tiles (ldmatrix / mma.sync); S's 16-bit
+// copy, Vd and Vd ⊙ e^{γ_C − γ} are wgmma B operands in the K-major core-matrix
+// layout. r1 holds A = β (K Kᵀ ⊙ Γ) during the inverse and Vd afterwards; r2
+// holds T = (I + A)⁻¹ during the inverse and Vd ⊙ e^{γ_C − γ} afterwards.
 constexpr int kTile16 = kChunk * kLd * 2;
 constexpr int kTileF = kChunk * kLdF * 4;
 static_assert(kTileF <= kTile16, "an fp32 64x64 tile shares a 16-bit 64x128 slot");
@@ -85,11 +88,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   T* const sm_k = reinterpret_cast<T*>(smem + kOffK);
   T* const sm_v = reinterpret_cast<T*>(smem + kOffV);
   T* const sm_w = reinterpret_cast<T*>(smem + kOffW);       // −W, [64][kLd]
-  T* const sm_s = reinterpret_cast<T*>(smem + kOffS);       // S (16-bit copy), [128][kLd]
   float* const sm_a = reinterpret_cast<float*>(smem + kOffR1);  // A, [64][kLdF]
   float* const sm_t = reinterpret_cast<float*>(smem + kOffR2);  // T, [64][kLdF]
-  T* const sm_vd = reinterpret_cast<T*>(smem + kOffR1);     // Vd, [64][kLd]
-  T* const sm_vdd = reinterpret_cast<T*>(smem + kOffR2);    // Vd ⊙ e^{γ_C − γ}, [64][kLd]
   T* const sm_p = reinterpret_cast<T*>(smem + kOffP);       // P = Q Kᵀ ⊙ Γ, [64][kLdP]
   float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);  // [2][64]
   float* const sm_beta = sm_gamma + 2 * kChunk;                        // [2][64]
@@ -170,26 +170,25 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     bet[2 * lane + 1] = br[1];
   };
 
-  // The state: rows (keys) 16 warp + g (+8), columns (values) 8 j + 2 t4 (+1).
-  float s_acc[16][4];
+  // The state in the wgmma accumulator layout: s_acc[4 j + e] is key row
+  // 16 warp + g + 8 (e / 2), value column 8 j + 2 t4 + e % 2 (warpgroup w: keys 64 w..).
+  float s_acc[64];
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int x = 16 * warp + g + (e >> 1) * 8, c = 8 * j + 2 * t4 + (e & 1);
-      s_acc[j][e] = a.h0 != nullptr ? load_float(a.h0, a.h0_dtype,
-                                                 state_offset(n, hv, x, c, a.h0_sn, a.h0_sh, a.h0_s2, a.h0_s3,
-                                                              a.state_v_first))
-                                    : 0.f;
-    }
+  for (int i = 0; i < 64; ++i) {
+    const int x = 16 * warp + g + ((i >> 1) & 1) * 8, c = 8 * (i >> 2) + 2 * t4 + (i & 1);
+    s_acc[i] = a.h0 != nullptr ? load_float(a.h0, a.h0_dtype,
+                                            state_offset(n, hv, x, c, a.h0_sn, a.h0_sh, a.h0_s2, a.h0_s3,
+                                                         a.state_v_first))
+                               : 0.f;
   }
+  // S's 16-bit copy, the B operand of step 4 (K = keys, N = values).
   auto store_state_copy = [&]() {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int x = 16 * warp + g, c = 8 * j + 2 * t4;
-      *reinterpret_cast<uint32_t*>(sm_s + x * kLd + c) = M::pack(s_acc[j][0], s_acc[j][1]);
-      *reinterpret_cast<uint32_t*>(sm_s + (x + 8) * kLd + c) = M::pack(s_acc[j][2], s_acc[j][3]);
+    for (int i = 0; i < 64; ++i) {
+      const int x = 16 * warp + g + ((i >> 1) & 1) * 8, c = 8 * (i >> 2) + 2 * t4 + (i & 1);
+      *reinterpret_cast<T*>(smem + kOffS + wgmma::core_offset<kDim>(x, c)) = T(s_acc[i]);
     }
+    wgmma::fence_shared_for_async();
   };
   store_state_copy();
 
@@ -248,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 
     // --- 1. A = β (K Kᵀ ⊙ Γ) strictly lower (fp32) and P = Q Kᵀ ⊙ Γ lower (16-bit).
     // Warp (rb, ch) computes rows 16 rb.., columns 32 ch..; tiles wholly above the
-    // diagonal are skipped (never read).
+    // diagonal are skipped (A's never read; P's written as zeros).
     if (!(ch == 1 && rb < 2)) {
       float acc[4][4], pacc[4][4];
 #pragma unroll
@@ -289,6 +288,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
           *reinterpret_cast<uint32_t*>(sm_p + i * kLdP + col) = M::pack(pv[0], pv[1]);
         }
       }
+    } else {  // P's tiles above the diagonal are zero (step 5 multiplies all of P)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          *reinterpret_cast<uint32_t*>(sm_p + (16 * rb + g + 8 * half) * kLdP + 32 * ch + 8 * j + 2 * t4) = 0u;
     }
     __syncthreads();
     FUSED_PHASE(1);
@@ -344,131 +349,123 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     __syncthreads();
     FUSED_PHASE(3);
 
-    // --- 3. −W = −T diag(β e^γ) K (to shared) and U = T diag(β) V (kept in registers).
-    float u_acc[8][4], o_acc[8][4];
+    // --- 3. Warpgroup 0: U = T diag(β) V, kept in registers as step 4's accumulator;
+    // warpgroup 1: −W = −T diag(β e^γ) K, to shared memory. Warp: rows 16 wr.., all columns.
+    const int wr = warp & 3;
+    const bool is_u = warp < 4;
+    float acc[64];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) u_acc[j][e] = o_acc[j][e] = 0.f;
-    {
-      float w_acc[8][4];
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) w_acc[j][e] = 0.f;
-      for (int kb = 0; kb <= rb; ++kb) {
-        const int c0 = 16 * kb + 2 * t4;
-        const float* t_lo = sm_t + (16 * rb + g) * kLdF + c0;
-        const float* t_hi = t_lo + 8 * kLdF;
-        const float2 x00 = *reinterpret_cast<const float2*>(t_lo);
-        const float2 x01 = *reinterpret_cast<const float2*>(t_lo + 8);
-        const float2 x10 = *reinterpret_cast<const float2*>(t_hi);
-        const float2 x11 = *reinterpret_cast<const float2*>(t_hi + 8);
-        const float b0 = bet[c0], b1 = bet[c0 + 1], b8 = bet[c0 + 8], b9 = bet[c0 + 9];
-        const float w0 = b0 * __expf(gam[c0]), w1 = b1 * __expf(gam[c0 + 1]);
-        const float w8 = b8 * __expf(gam[c0 + 8]), w9 = b9 * __expf(gam[c0 + 9]);
-        const uint32_t au[4] = {M::pack(x00.x * b0, x00.y * b1), M::pack(x10.x * b0, x10.y * b1),
-                                M::pack(x01.x * b8, x01.y * b9), M::pack(x11.x * b8, x11.y * b9)};
-        const uint32_t aw[4] = {M::pack(x00.x * w0, x00.y * w1), M::pack(x10.x * w0, x10.y * w1),
-                                M::pack(x01.x * w8, x01.y * w9), M::pack(x11.x * w8, x11.y * w9)};
-#pragma unroll
-        for (int np = 0; np < 4; ++np) {
-          uint32_t b[4];
-          load_b_kn(b, ks, kLd, 16 * kb, 64 * ch + 16 * np, lane);
-          M::run(w_acc[2 * np], aw, b[0], b[1]);
-          M::run(w_acc[2 * np + 1], aw, b[2], b[3]);
-          load_b_kn(b, vs, kLd, 16 * kb, 64 * ch + 16 * np, lane);
-          M::run(u_acc[2 * np], au, b[0], b[1]);
-          M::run(u_acc[2 * np + 1], au, b[2], b[3]);
-        }
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    for (int kb = 0; kb <= wr; ++kb) {
+      const int c0 = 16 * kb + 2 * t4;
+      const float* t_lo = sm_t + (16 * wr + g) * kLdF + c0;
+      const float* t_hi = t_lo + 8 * kLdF;
+      const float2 x00 = *reinterpret_cast<const float2*>(t_lo);
+      const float2 x01 = *reinterpret_cast<const float2*>(t_lo + 8);
+      const float2 x10 = *reinterpret_cast<const float2*>(t_hi);
+      const float2 x11 = *reinterpret_cast<const float2*>(t_hi + 8);
+      float sc[4] = {bet[c0], bet[c0 + 1], bet[c0 + 8], bet[c0 + 9]};
+      if (!is_u) {
+        sc[0] *= __expf(gam[c0]), sc[1] *= __expf(gam[c0 + 1]);
+        sc[2] *= __expf(gam[c0 + 8]), sc[3] *= __expf(gam[c0 + 9]);
       }
+      const uint32_t af[4] = {M::pack(x00.x * sc[0], x00.y * sc[1]), M::pack(x10.x * sc[0], x10.y * sc[1]),
+                              M::pack(x01.x * sc[2], x01.y * sc[3]), M::pack(x11.x * sc[2], x11.y * sc[3])};
+      const T* const b_tile = is_u ? vs : ks;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int i = 16 * rb + g, col = 64 * ch + 8 * j + 2 * t4;
-        *reinterpret_cast<uint32_t*>(sm_w + i * kLd + col) = M::pack(-w_acc[j][0], -w_acc[j][1]);
-        *reinterpret_cast<uint32_t*>(sm_w + (i + 8) * kLd + col) = M::pack(-w_acc[j][2], -w_acc[j][3]);
+      for (int np = 0; np < 8; ++np) {
+        uint32_t b[4];
+        load_b_kn(b, b_tile, kLd, 16 * kb, 16 * np, lane);
+        M::run(*reinterpret_cast<float(*)[4]>(acc + 8 * np), af, b[0], b[1]);
+        M::run(*reinterpret_cast<float(*)[4]>(acc + 8 * np + 4), af, b[2], b[3]);
+      }
+    }
+    if (!is_u) {
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+        const int i = 16 * wr + g, col = 8 * j + 2 * t4;
+        *reinterpret_cast<uint32_t*>(sm_w + i * kLd + col) = M::pack(-acc[4 * j], -acc[4 * j + 1]);
+        *reinterpret_cast<uint32_t*>(sm_w + (i + 8) * kLd + col) = M::pack(-acc[4 * j + 2], -acc[4 * j + 3]);
+        acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.f;
       }
     }
     __syncthreads();
     FUSED_PHASE(4);
 
-    // --- 4. Vd = U − W S and e^γ Q S, sharing the S fragments.
+    // --- 4. wgmma, B = S: warpgroup 0 Vd = U − W S, warpgroup 1 Q S.
+    {
+      uint32_t af[8][4];
 #pragma unroll
-    for (int k0 = 0; k0 < kDim; k0 += 16) {
-      uint32_t aw[4], aq[4];
-      load_a(aw, sm_w, kLd, 16 * rb, k0, lane);
-      load_a(aq, qs, kLd, 16 * rb, k0, lane);
+      for (int k = 0; k < 8; ++k) load_a(af[k], is_u ? sm_w : qs, kLd, 16 * wr, 16 * k, lane);
+      wgmma::fence(acc);
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        load_b_kn(b, sm_s, kLd, k0, 64 * ch + 16 * np, lane);
-        M::run(u_acc[2 * np], aw, b[0], b[1]);
-        M::run(u_acc[2 * np + 1], aw, b[2], b[3]);
-        M::run(o_acc[2 * np], aq, b[0], b[1]);
-        M::run(o_acc[2 * np + 1], aq, b[2], b[3]);
-      }
+      for (int k = 0; k < 8; ++k)
+        wgmma::mma<T>(af[k], wgmma::make_desc(smem + kOffS + k * 256, 128, kDim * 16), acc);
+      wgmma::commit_and_wait(acc);
     }
     const float gamma_last = gam[kChunk - 1];  // rows >= L repeat γ_{L−1}
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int i = 16 * rb + g + 8 * half;
-      const float decay = __expf(gamma_last - gam[i]), eg = __expf(gam[i]);
+      const int i = 16 * wr + g + 8 * half;
+      if (is_u) {  // Vd and Vd ⊙ e^{γ_C − γ}: B operands (K = tokens) of steps 5 and 6
+        const float decay = __expf(gamma_last - gam[i]);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int col = 64 * ch + 8 * j + 2 * t4;
-        const float v0 = u_acc[j][2 * half], v1 = u_acc[j][2 * half + 1];
-        *reinterpret_cast<uint32_t*>(sm_vd + i * kLd + col) = M::pack(v0, v1);
-        *reinterpret_cast<uint32_t*>(sm_vdd + i * kLd + col) = M::pack(decay * v0, decay * v1);
-        o_acc[j][2 * half] *= eg;
-        o_acc[j][2 * half + 1] *= eg;
+        for (int j = 0; j < 16; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float vd = acc[4 * j + 2 * half + e];
+            const int off = wgmma::core_offset<kChunk>(i, 8 * j + 2 * t4 + e);
+            *reinterpret_cast<T*>(smem + kOffR1 + off) = T(vd);
+            *reinterpret_cast<T*>(smem + kOffR2 + off) = T(decay * vd);
+          }
+        }
+      } else {
+        const float eg = __expf(gam[i]);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) acc[4 * j + 2 * half] *= eg, acc[4 * j + 2 * half + 1] *= eg;
       }
     }
+    if (is_u) wgmma::fence_shared_for_async();
     __syncthreads();
     FUSED_PHASE(5);
 
-    // --- 5. O = scale (e^γ Q S + P Vd), written for rows < L.
-    for (int kb = 0; kb <= rb; ++kb) {
-      uint32_t ap[4];
-      load_a(ap, sm_p, kLdP, 16 * rb, 16 * kb, lane);
+    // --- 5. Warpgroup 1: O = scale (e^γ Q S + P Vd), written for rows < L.
+    if (!is_u) {
+      uint32_t af[4][4];
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t b[4];
-        load_b_kn(b, sm_vd, kLd, 16 * kb, 64 * ch + 16 * np, lane);
-        M::run(o_acc[2 * np], ap, b[0], b[1]);
-        M::run(o_acc[2 * np + 1], ap, b[2], b[3]);
-      }
-    }
+      for (int k = 0; k < 4; ++k) load_a(af[k], sm_p, kLdP, 16 * wr, 16 * k, lane);
+      wgmma::fence(acc);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = 16 * rb + g + 8 * half;
-      if (i < L) {
-        T* const orow = o_base + (t0 + i) * a.o_st;
+      for (int k = 0; k < 4; ++k)
+        wgmma::mma<T>(af[k], wgmma::make_desc(smem + kOffR1 + k * 256, 128, kChunk * 16), acc);
+      wgmma::commit_and_wait(acc);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          const int col = 64 * ch + 8 * j + 2 * t4;
-          *reinterpret_cast<uint32_t*>(orow + col) =
-              M::pack(a.scale * o_acc[j][2 * half], a.scale * o_acc[j][2 * half + 1]);
+      for (int half = 0; half < 2; ++half) {
+        const int i = 16 * wr + g + 8 * half;
+        if (i < L) {
+          T* const orow = o_base + (t0 + i) * a.o_st;
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+            *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * t4) =
+                M::pack(a.scale * acc[4 * j + 2 * half], a.scale * acc[4 * j + 2 * half + 1]);
+          }
         }
       }
     }
 
-    // --- 6. S = e^{γ_C} S + Kᵀ (Vd ⊙ e^{γ_C − γ}); warp: state rows 16 warp...
-    const float e_last = __expf(gamma_last);
+    // --- 6. S = e^{γ_C} S + Kᵀ (Vd ⊙ e^{γ_C − γ}); warpgroup w: key rows 64 w...
+    {
+      const float e_last = __expf(gamma_last);
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+      for (int i = 0; i < 64; ++i) s_acc[i] *= e_last;
+      uint32_t af[4][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s_acc[j][e] *= e_last;
+      for (int k = 0; k < 4; ++k) load_a_trans(af[k], ks, kLd, 16 * warp, 16 * k, lane);
+      wgmma::fence(s_acc);
 #pragma unroll
-    for (int kb = 0; kb < kChunk / 16; ++kb) {
-      uint32_t ak[4];
-      load_a_trans(ak, ks, kLd, 16 * warp, 16 * kb, lane);
-#pragma unroll
-      for (int np = 0; np < 8; ++np) {
-        uint32_t b[4];
-        load_b_kn(b, sm_vdd, kLd, 16 * kb, 16 * np, lane);
-        M::run(s_acc[2 * np], ak, b[0], b[1]);
-        M::run(s_acc[2 * np + 1], ak, b[2], b[3]);
-      }
+      for (int k = 0; k < 4; ++k)
+        wgmma::mma<T>(af[k], wgmma::make_desc(smem + kOffR2 + k * 256, 128, kChunk * 16), s_acc);
+      wgmma::commit_and_wait(s_acc);
     }
     store_state_copy();  // every warp has finished reading S (step 4)
 
@@ -487,13 +484,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 
   if (a.ht != nullptr) {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int x = 16 * warp + g + (e >> 1) * 8, c = 8 * j + 2 * t4 + (e & 1);
-        store_float(a.ht, a.ht_dtype,
-                    state_offset(n, hv, x, c, a.ht_sn, a.ht_sh, a.ht_s2, a.ht_s3, a.state_v_first), s_acc[j][e]);
-      }
+    for (int i = 0; i < 64; ++i) {
+      const int x = 16 * warp + g + ((i >> 1) & 1) * 8, c = 8 * (i >> 2) + 2 * t4 + (i & 1);
+      store_float(a.ht, a.ht_dtype, state_offset(n, hv, x, c, a.ht_sn, a.ht_sh, a.ht_s2, a.ht_s3, a.state_v_first),
+                  s_acc[i]);
     }
   }
 }

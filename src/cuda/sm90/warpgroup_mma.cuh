@@ -1,0 +1,83 @@
+// Warpgroup tensor-core building blocks (sm_90a): wgmma m64n128k16 with A from
+// registers (the mma.sync A-fragment layout, one 16-row slice per warp) and B
+// from shared memory in the K-major, non-swizzled core-matrix layout; fp32
+// accumulators in the mma.sync C layout repeated over the 16 n8 tiles
+// (d[4 j + e]: row 16 warp + g + 8 (e / 2), column 8 j + 2 t + e % 2).
+//
+// B layout ("interleave", K-major): 8x8 core matrices of 8 N-rows x 8 K-elements,
+// each row 16 contiguous bytes; core matrices adjacent in K are `lbo` bytes
+// apart, those adjacent in N `sbo` bytes apart.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cute/arch/mma_sm90_desc.hpp>
+#include <cute/arch/mma_sm90_gmma.hpp>
+
+namespace flashqla::cuda::wgmma {
+
+__device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = static_cast<uint16_t>(static_cast<uint32_t>(__cvta_generic_to_shared(smem)) >> 4);
+  d.bitfield.leading_byte_offset_ = static_cast<uint16_t>(lbo_bytes >> 4);
+  d.bitfield.stride_byte_offset_ = static_cast<uint16_t>(sbo_bytes >> 4);
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = 0;  // interleave: no swizzle
+  return d.desc_;
+}
+
+// Byte offset of element (k, n) in a K-major core-matrix tile with K extent
+// k_extent (core matrices along K packed at 128 bytes, then the next 8 N-rows).
+template <int kExtent>
+__device__ __forceinline__ int core_offset(int k, int n) {
+  return (n >> 3) * (kExtent * 16) + (k >> 3) * 128 + (n & 7) * 16 + (k & 7) * 2;
+}
+
+template <typename T>
+struct Op;
+template <>
+struct Op<__nv_bfloat16> {
+  using type = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
+};
+template <>
+struct Op<__half> {
+  using type = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
+};
+
+template <typename T, size_t... I>
+__device__ __forceinline__ void mma_impl(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[64],
+                                         std::index_sequence<I...>) {
+  Op<T>::type::fma(a[0], a[1], a[2], a[3], desc_b, d[I]...);
+}
+
+// d += A (64x16, registers) B (16x128, shared memory); asynchronous until wait().
+template <typename T>
+__device__ __forceinline__ void mma(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[64]) {
+  mma_impl<T>(a, desc_b, d, std::make_index_sequence<64>{});
+}
+
+// Register writes (accumulators, A fragments) before the first mma of a batch.
+__device__ __forceinline__ void fence(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(d[i]);
+  cute::warpgroup_arrive();
+}
+
+// Issue the batch and wait for it; the accumulators are readable afterwards.
+__device__ __forceinline__ void commit_and_wait(float (&d)[64]) {
+  cute::warpgroup_commit_batch();
+  cute::warpgroup_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(d[i]);
+}
+
+// Generic-proxy shared-memory writes made visible to wgmma (before a barrier).
+__device__ __forceinline__ void fence_shared_for_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+}  // namespace flashqla::cuda::wgmma
