@@ -13,19 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "cuda_test_support.h"
 #include "test_support.h"
 
 namespace flashqla_test {
 namespace {
 
 using ::testing::HasSubstr;
-
-bool have_cuda_device() {
-  int count = 0;
-  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
-  (void)cudaGetLastError();
-  return ok;
-}
 
 // A device copy of a host tensor (same strides, same dtype).
 struct DeviceTensor {
