@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -9,6 +11,7 @@
 #include "core/error.h"
 #include "cuda/sm90/cu_seqlens_check_sm90.h"
 #include "cuda/sm90/gdn_fwd_fused_sm90.h"
+#include "cuda/sm90/gdn_fwd_piece_scan_sm90.h"
 #include "cuda/sm90/gdn_fwd_simple_sm90.h"
 
 namespace flashqla::cuda {
@@ -120,6 +123,53 @@ ForwardArgs forward_args(const Problem& pr, const flashqla_gdn_fwd_params_t& p) 
 
 bool use_fused_forward(const ForwardArgs& args) { return fused_forward_supports(args) && !simple_forward_forced(); }
 
+// --- intra-card sequence parallelism (fused kernel) ----------------------------
+// With fewer (sequence, value head) chains than SMs, sequences are cut into
+// pieces of equal chunk counts (forward_args.h). Off unless
+// FLASHQLA_SEQUENCE_PARALLEL=1; FLASHQLA_PIECE_CHUNKS=n fixes the piece length
+// (for tests). The plan uses only host-known sizes (T, N, HV), never the
+// contents of cu_seqlens.
+constexpr int64_t kChunkTokens = 64;
+constexpr int64_t kMinPieceChunks = 8;
+
+int64_t env_int(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::strtoll(v, nullptr, 10) : fallback;
+}
+
+struct PiecePlan {
+  int64_t chunks = 0;  // chunks per piece; 0: whole sequences
+  int64_t slots = 0;   // piece slots per value head
+};
+
+int sm_count() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return sms;
+}
+
+PiecePlan plan_pieces(const Problem& pr, const ForwardArgs& args) {
+  if (!use_fused_forward(args) || env_int("FLASHQLA_SEQUENCE_PARALLEL", 0) == 0) return {};
+  const int64_t sms = sm_count();
+  if (sms == 0 || pr.N * pr.HV >= sms) return {};
+  const int64_t longest = (pr.T + kChunkTokens - 1) / kChunkTokens;  // chunks of the longest possible sequence
+  // A bound on the chunks of all sequences together (varlen: partial last chunks).
+  const int64_t total = pr.varlen ? longest + pr.N : pr.N * longest;
+  int64_t chunks = std::max(kMinPieceChunks, (total * pr.HV + sms - 1) / sms);
+  chunks = std::max<int64_t>(1, env_int("FLASHQLA_PIECE_CHUNKS", chunks));
+  if (chunks >= longest) return {};  // no sequence can be cut
+  // Σ max(1, ⌈c_n / chunks⌉) <= ⌈Σ c_n / chunks⌉ + N.
+  return {chunks, (total + chunks - 1) / chunks + pr.N};
+}
+
+size_t piece_state_bytes(const Problem& pr, const PiecePlan& plan) {
+  return static_cast<size_t>(plan.slots * pr.HV * kPieceStateKinds * pr.K * pr.V) * sizeof(float);
+}
+
 // q, k and v share one dtype on the GPU (the kernels load them alike).
 void require_shared_token_dtype(const flashqla_gdn_fwd_params_t& p, const char* entry) {
   if (p.k.dtype != p.q.dtype || p.v.dtype != p.q.dtype) {
@@ -131,7 +181,10 @@ void require_shared_token_dtype(const flashqla_gdn_fwd_params_t& p, const char* 
 
 }  // namespace
 
-size_t forward_workspace_bytes(const Problem& pr, const flashqla_gdn_fwd_params_t&) {
+size_t forward_workspace_bytes(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
+  const PiecePlan plan = plan_pieces(pr, forward_args(pr, p));
+  // [debug check word][piece states]; the piece states start at kCuSeqlensCheckBytes.
+  if (plan.chunks > 0) return kCuSeqlensCheckBytes + piece_state_bytes(pr, plan);
   return pr.debug_check_cu_seqlens ? kCuSeqlensCheckBytes : 0;
 }
 
@@ -149,8 +202,22 @@ void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
   require_sm90(entry);
   if (pr.debug_check_cu_seqlens) debug_check_cu_seqlens(p, pr, entry);
   require_shared_token_dtype(p, entry);
-  const ForwardArgs args = forward_args(pr, p);
-  if (use_fused_forward(args)) {
+  ForwardArgs args = forward_args(pr, p);
+  const PiecePlan plan = plan_pieces(pr, args);
+  if (plan.chunks > 0) {
+    if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0) {
+      fail(FLASHQLA_STATUS_INVALID_ARGUMENT,
+           str(entry, ": workspace: must be 16-byte aligned (it holds the sequence pieces' states)"));
+    }
+    args.piece_chunks = plan.chunks;
+    args.piece_slots = plan.slots;
+    args.piece_states = reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) + kCuSeqlensCheckBytes);
+    args.piece_pass = kPiecePartials;
+    check_cuda(launch_gdn_fwd_fused(args, p.stream), entry, "fused forward kernel launch (piece partials)");
+    check_cuda(launch_gdn_fwd_piece_scan(args, p.stream), entry, "piece scan launch");
+    args.piece_pass = kPieceOutputs;
+    check_cuda(launch_gdn_fwd_fused(args, p.stream), entry, "fused forward kernel launch (piece outputs)");
+  } else if (use_fused_forward(args)) {
     check_cuda(launch_gdn_fwd_fused(args, p.stream), entry, "fused forward kernel launch");
   } else {
     check_cuda(launch_gdn_fwd_simple(args, p.stream), entry, "simple forward kernel launch");

@@ -10,6 +10,17 @@
 
 namespace flashqla::cuda {
 
+// Which part of a forward a fused-kernel launch computes. Whole sequences is the
+// plain forward; the two piece passes plus the piece scan between them are the
+// exact intra-card sequence parallelism (docs/design.md): sequences are cut into
+// pieces of piece_chunks chunks, every piece but the last gets its end state from
+// a zero start (piece 0: from the true initial state) and its transition matrix
+// (the same recurrence from the identity with v = 0), the scan chains them into
+// each piece's true start state, and the output pass reruns every piece from it.
+enum ForwardPass : int { kWholeSequences = 0, kPiecePartials = 1, kPieceOutputs = 2 };
+// The per-piece states in ForwardArgs::piece_states: [slot][HV][kind][K][V] fp32.
+enum PieceState : int { kPieceLocal = 0, kPieceTransition = 1, kPieceStart = 2, kPieceStateKinds = 3 };
+
 struct ForwardArgs {
   // Sizes.
   int64_t T, H, HV, K, V, N, group;
@@ -31,6 +42,11 @@ struct ForwardArgs {
   bool state_v_first;
   bool use_qk_l2norm;
   int beta_activation;  // flashqla_beta_activation_t
+  // Sequence pieces (fused kernel and piece scan only).
+  int piece_pass;         // ForwardPass
+  int64_t piece_chunks;   // chunks per piece
+  int64_t piece_slots;    // piece slots per value head: an upper bound on the pieces of all sequences
+  float* piece_states;    // workspace, [piece_slots][HV][kPieceStateKinds][K][V]; the transition stored transposed
 };
 
 }  // namespace flashqla::cuda

@@ -260,6 +260,18 @@ TEST_P(GpuForward, MatchesCpuOracle) {
   if (!f.h0) p.initial_state = flashqla_tensor_t{};
   if (f.cu_seqlens.empty()) p.cu_seqlens = flashqla_tensor_t{};
 
+  // Workspace as the size query reports it (sequence pieces need one).
+  size_t ws_bytes = 0;
+  ASSERT_EQ(flashqla_gdn_fwd_workspace_size(&p, &ws_bytes), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+  std::unique_ptr<void, decltype(&cudaFree)> workspace(nullptr, &cudaFree);
+  if (ws_bytes > 0) {
+    void* w = nullptr;
+    ASSERT_EQ(cudaMalloc(&w, ws_bytes), cudaSuccess);
+    workspace.reset(w);
+    p.workspace = w;
+    p.workspace_bytes = ws_bytes;
+  }
+
   const char* kernel = nullptr;
   ASSERT_EQ(flashqla_gdn_fwd_kernel_name(&p, &kernel), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
   EXPECT_EQ(std::string(kernel), expected_kernel(f)) << f.name;

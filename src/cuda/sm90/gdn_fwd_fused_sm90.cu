@@ -2,6 +2,7 @@
 
 #include "core/trace.h"
 #include "cuda/sm90/device_common.cuh"
+#include "cuda/sm90/forward_work_item.cuh"
 #include "cuda/sm90/warp_mma.cuh"
 #include "cuda/sm90/warpgroup_mma.cuh"
 
@@ -19,8 +20,6 @@ constexpr int kThreads = 256;  // 8 warps
 constexpr int kLd = kDim + 8;     // row stride (elements) of 16-bit [.][128] tiles: ldmatrix conflict-free
 constexpr int kLdP = kChunk + 8;  // row stride of 16-bit [64][64] tiles
 constexpr int kLdF = kChunk + 4;  // row stride of fp32 [64][64] tiles
-// Sequences ranked longest-first in the kernel; beyond this, launch order.
-constexpr int kMaxRankedSequences = 512;
 
 // Shared memory (bytes). Two stages of q, k, v; one of everything else. q, k,
 // v, W, P, A and T are padded row-major tiles (ldmatrix / mma.sync); S's 16-bit
@@ -41,28 +40,6 @@ constexpr int kOffP = kOffR2 + kTile16;
 constexpr int kOffGate = kOffP + kChunk * kLdP * 2;
 constexpr int kSmemBytes = kOffGate + 4 * kChunk * 4;
 static_assert((kMaxRankedSequences + 1) * 8 <= kTile16, "the ranking scratch fits in r1");
-
-// Rank -> sequence index, longest first (ties: lower index first), computed
-// from cu_seqlens on the device so no host read is needed.
-__device__ int64_t sequence_of_rank(const ForwardArgs& a, int64_t rank, int64_t* scratch) {
-  if (a.cu_seqlens == nullptr || a.N <= 1 || a.N > kMaxRankedSequences) return rank;
-  const int n_seq = int(a.N);
-  for (int i = threadIdx.x; i < n_seq; i += kThreads) {
-    const SequenceRange r = sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, i);
-    scratch[i] = r.eos - r.bos;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < n_seq; i += kThreads) {
-    const int64_t li = scratch[i];
-    int64_t r = 0;
-    for (int m = 0; m < n_seq; ++m) r += (scratch[m] > li) || (scratch[m] == li && m < i);
-    if (r == rank) scratch[kMaxRankedSequences] = i;
-  }
-  __syncthreads();
-  const int64_t n = scratch[kMaxRankedSequences];
-  __syncthreads();
-  return n;
-}
 
 // Phase timing for kernel development: build with -DFLASHQLA_FUSED_PROFILE
 // (benchmarks/tools/fused_phase_profile.cu); CTA 0 prints the cycles spent
@@ -99,12 +76,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   // Chunk-row GEMMs: warp = (16-row block rb, 64-column half ch).
   const int rb = warp & 3, ch = warp >> 2;
 
-  const int64_t hv = int64_t(blockIdx.x) % a.HV;
-  const int64_t n = sequence_of_rank(a, int64_t(blockIdx.x) / a.HV, reinterpret_cast<int64_t*>(smem + kOffR1));
-  const int64_t h = hv / a.group;
-  const SequenceRange seq = sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, n);
-  const int64_t row = seq.row, bos = seq.bos, eos = seq.eos;
-  const int64_t n_chunks = (eos - bos + kChunk - 1) / kChunk;
+  static_assert(kWorkItemChunk == kChunk, "work items count chunks of the kernel's size");
+  const WorkItem item = resolve_work_item(a, blockIdx.x, reinterpret_cast<int64_t*>(smem + kOffR1));
+  if (!item.valid) return;
+  const int64_t hv = item.hv, h = hv / a.group;
+  const int64_t row = item.seq.row, eos = item.seq.eos;
+  const int64_t bos = item.seq.bos + item.chunk_begin * kChunk;  // the item's first token
+  const int64_t n_chunks = item.chunk_end - item.chunk_begin;
 
   const T* const q_base = static_cast<const T*>(a.q) + row * a.q_sb + h * a.q_sh;
   const T* const k_base = static_cast<const T*>(a.k) + row * a.k_sb + h * a.k_sh;
@@ -131,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   auto load_chunk = [&](int stage, int64_t t0, int L) {
     copy_tile(sm_q + stage * kChunk * kLd, q_base, a.q_st, t0, L);
     copy_tile(sm_k + stage * kChunk * kLd, k_base, a.k_st, t0, L);
-    copy_tile(sm_v + stage * kChunk * kLd, v_base, a.v_st, t0, L);
+    copy_tile(sm_v + stage * kChunk * kLd, v_base, a.v_st, t0, item.read_v ? L : 0);
     mma::cp_async_commit();
   };
   // Warp 0 issues the loads of one chunk's gate and beta (lane: rows 2 lane,
@@ -176,10 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int x = 16 * warp + g + ((i >> 1) & 1) * 8, c = 8 * (i >> 2) + 2 * t4 + (i & 1);
-    s_acc[i] = a.h0 != nullptr ? load_float(a.h0, a.h0_dtype,
-                                            state_offset(n, hv, x, c, a.h0_sn, a.h0_sh, a.h0_s2, a.h0_s3,
-                                                         a.state_v_first))
-                               : 0.f;
+    s_acc[i] = item.init.load(x, c);
   }
   // S's 16-bit copy, the B operand of step 4 (K = keys, N = values).
   auto store_state_copy = [&]() {
@@ -442,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = 16 * wr + g + 8 * half;
-        if (i < L) {
+        if (item.write_o && i < L) {
           T* const orow = o_base + (t0 + i) * a.o_st;
 #pragma unroll
           for (int j = 0; j < 16; ++j) {
@@ -482,12 +457,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   }
 #endif
 
-  if (a.ht != nullptr) {
+  if (item.final_state.ptr != nullptr) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
       const int x = 16 * warp + g + ((i >> 1) & 1) * 8, c = 8 * (i >> 2) + 2 * t4 + (i & 1);
-      store_float(a.ht, a.ht_dtype, state_offset(n, hv, x, c, a.ht_sn, a.ht_sh, a.ht_s2, a.ht_s3, a.state_v_first),
-                  s_acc[i]);
+      item.final_state.store(x, c, s_acc[i]);
     }
   }
 }
@@ -499,10 +473,10 @@ cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
   cudaError_t err =
       cudaFuncSetAttribute(gdn_fwd_fused_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
-  const int64_t blocks = args.N * args.HV;
+  const int64_t blocks = work_item_count(args);
   if (blocks == 0) return cudaSuccess;
-  FLASHQLA_PLAN("gdn_fwd_fused_kernel: grid=%lld block=%d smem=%d bytes (chunk %d, K=V=%d)", (long long)blocks,
-                kThreads, kSmemBytes, kChunk, kDim);
+  FLASHQLA_PLAN("gdn_fwd_fused_kernel: pass=%d grid=%lld block=%d smem=%d bytes (chunk %d, K=V=%d, piece %lld chunks)",
+                args.piece_pass, (long long)blocks, kThreads, kSmemBytes, kChunk, kDim, (long long)args.piece_chunks);
   gdn_fwd_fused_kernel<T><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(args);
   return cudaGetLastError();
 }

@@ -1,0 +1,186 @@
+// Work items of the fused forward: what one CTA computes. A work item is a run
+// of chunks of one (sequence, value head) with the state it starts from, where
+// its final state goes and whether it writes o and reads v. Whole sequences are
+// ranked longest first; sequence pieces (intra-card sequence parallelism, see
+// forward_args.h) are found from cu_seqlens on the device, so no pass needs a
+// host read.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/forward_args.h"
+#include "cuda/sm90/device_common.cuh"
+
+namespace flashqla::cuda {
+
+// A state tensor element (x = key row, c = value column) at base + x sx + c sc.
+struct StateSource {
+  enum Mode { kZero, kLoad, kIdentity };
+  Mode mode = kZero;
+  const void* ptr = nullptr;
+  flashqla_dtype_t dtype = FLASHQLA_DTYPE_FLOAT32;
+  int64_t base = 0, sx = 0, sc = 0;
+  __device__ float load(int x, int c) const {
+    if (mode == kIdentity) return x == c ? 1.f : 0.f;
+    return mode == kLoad ? load_float(ptr, dtype, base + x * sx + c * sc) : 0.f;
+  }
+};
+
+struct StateTarget {
+  void* ptr = nullptr;  // nullptr: not written
+  flashqla_dtype_t dtype = FLASHQLA_DTYPE_FLOAT32;
+  int64_t base = 0, sx = 0, sc = 0;
+  __device__ void store(int x, int c, float value) const { store_float(ptr, dtype, base + x * sx + c * sc, value); }
+};
+
+struct WorkItem {
+  bool valid = false;
+  int64_t n = 0, hv = 0;
+  SequenceRange seq{};
+  int64_t chunk_begin = 0, chunk_end = 0;  // chunks of the sequence, [begin, end)
+  bool read_v = true, write_o = true;
+  StateSource init;
+  StateTarget final_state;
+};
+
+constexpr int kWorkItemChunk = 64;
+// Sequences ranked longest-first in the kernel; beyond this, launch order.
+constexpr int kMaxRankedSequences = 512;
+
+__device__ __forceinline__ int64_t chunk_count(const SequenceRange& r) {
+  return (r.eos - r.bos + kWorkItemChunk - 1) / kWorkItemChunk;
+}
+
+// Rank -> sequence index, longest first (ties: lower index first). All threads
+// of the CTA call it (it synchronises); scratch holds kMaxRankedSequences + 1
+// int64 values.
+__device__ inline int64_t sequence_of_rank(const ForwardArgs& a, int64_t rank, int64_t* scratch) {
+  if (a.cu_seqlens == nullptr || a.N <= 1 || a.N > kMaxRankedSequences) return rank;
+  const int n_seq = int(a.N);
+  for (int i = threadIdx.x; i < n_seq; i += blockDim.x) {
+    const SequenceRange r = sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, i);
+    scratch[i] = r.eos - r.bos;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n_seq; i += blockDim.x) {
+    const int64_t li = scratch[i];
+    int64_t r = 0;
+    for (int m = 0; m < n_seq; ++m) r += (scratch[m] > li) || (scratch[m] == li && m < i);
+    if (r == rank) scratch[kMaxRankedSequences] = i;
+  }
+  __syncthreads();
+  const int64_t n = scratch[kMaxRankedSequences];
+  __syncthreads();
+  return n;
+}
+
+// Pieces of a sequence (at least one, so an empty sequence still writes its final state).
+__device__ __forceinline__ int64_t piece_count(const ForwardArgs& a, const SequenceRange& r) {
+  return max64(1, (chunk_count(r) + a.piece_chunks - 1) / a.piece_chunks);
+}
+
+// Piece slot -> (sequence, piece index, pieces of that sequence); false past the last piece.
+__device__ inline bool find_piece(const ForwardArgs& a, int64_t slot, int64_t& n, int64_t& j, int64_t& pieces) {
+  int64_t before = 0;
+  for (int64_t m = 0; m < a.N; ++m) {
+    const int64_t p = piece_count(a, sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, m));
+    if (slot < before + p) {
+      n = m, j = slot - before, pieces = p;
+      return true;
+    }
+    before += p;
+  }
+  return false;
+}
+
+__device__ inline StateSource user_initial_state(const ForwardArgs& a, int64_t n, int64_t hv) {
+  StateSource s;
+  if (a.h0 == nullptr) return s;
+  s.mode = StateSource::kLoad;
+  s.ptr = a.h0, s.dtype = a.h0_dtype, s.base = n * a.h0_sn + hv * a.h0_sh;
+  s.sx = a.state_v_first ? a.h0_s3 : a.h0_s2;
+  s.sc = a.state_v_first ? a.h0_s2 : a.h0_s3;
+  return s;
+}
+
+__device__ inline StateTarget user_final_state(const ForwardArgs& a, int64_t n, int64_t hv) {
+  StateTarget t;
+  if (a.ht == nullptr) return t;
+  t.ptr = a.ht, t.dtype = a.ht_dtype, t.base = n * a.ht_sn + hv * a.ht_sh;
+  t.sx = a.state_v_first ? a.ht_s3 : a.ht_s2;
+  t.sc = a.state_v_first ? a.ht_s2 : a.ht_s3;
+  return t;
+}
+
+// Offset of a piece state in ForwardArgs::piece_states.
+__device__ __forceinline__ int64_t piece_state_base(const ForwardArgs& a, int64_t slot, int64_t hv, int kind) {
+  return ((slot * a.HV + hv) * kPieceStateKinds + kind) * a.K * a.V;
+}
+
+// CTAs per launch of the fused kernel for a pass.
+inline int64_t work_item_count(const ForwardArgs& a) {
+  switch (a.piece_pass) {
+    case kPiecePartials: return a.piece_slots * a.HV * 2;
+    case kPieceOutputs: return a.piece_slots * a.HV;
+    default: return a.N * a.HV;
+  }
+}
+
+// The work item of CTA `block`. All threads of the CTA call it with the same
+// arguments (the whole-sequence ranking synchronises the CTA).
+__device__ inline WorkItem resolve_work_item(const ForwardArgs& a, int64_t block, int64_t* scratch) {
+  WorkItem w;
+  if (a.piece_pass == kWholeSequences) {
+    w.valid = true;
+    w.hv = block % a.HV;
+    w.n = sequence_of_rank(a, block / a.HV, scratch);
+    w.seq = sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, w.n);
+    w.chunk_end = chunk_count(w.seq);
+    w.init = user_initial_state(a, w.n, w.hv);
+    w.final_state = user_final_state(a, w.n, w.hv);
+    return w;
+  }
+  const bool partials = a.piece_pass == kPiecePartials;
+  const int kind = partials ? int(block % 2) : kPieceStart;
+  const int64_t rest = partials ? block / 2 : block;
+  w.hv = rest % a.HV;
+  const int64_t slot = rest / a.HV;
+  int64_t j = 0, pieces = 0;
+  if (!find_piece(a, slot, w.n, j, pieces)) return w;
+  w.seq = sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, w.n);
+  w.chunk_begin = j * a.piece_chunks;
+  w.chunk_end = min64(chunk_count(w.seq), (j + 1) * a.piece_chunks);
+  const bool last = j == pieces - 1;
+  if (partials) {
+    // Every piece but the last: its end state (piece 0 from the true initial
+    // state, the others from zero) and, for pieces after the first, its
+    // transition (from the identity with v = 0), stored transposed.
+    w.valid = !last && (kind == kPieceLocal || j > 0);
+    w.write_o = false;
+    w.read_v = kind == kPieceLocal;
+    if (kind == kPieceTransition) {
+      w.init.mode = StateSource::kIdentity;
+    } else if (j == 0) {
+      w.init = user_initial_state(a, w.n, w.hv);
+    }
+    w.final_state.ptr = a.piece_states;
+    w.final_state.base = piece_state_base(a, slot, w.hv, kind);
+    w.final_state.sx = kind == kPieceTransition ? 1 : a.V;
+    w.final_state.sc = kind == kPieceTransition ? a.K : 1;
+    return w;
+  }
+  // Outputs: every piece from its true start state; the last one writes the final state.
+  w.valid = true;
+  if (j == 0) {
+    w.init = user_initial_state(a, w.n, w.hv);
+  } else {
+    w.init.mode = StateSource::kLoad;
+    w.init.ptr = a.piece_states;
+    w.init.base = piece_state_base(a, slot, w.hv, kPieceStart);
+    w.init.sx = a.V, w.init.sc = 1;
+  }
+  if (last) w.final_state = user_final_state(a, w.n, w.hv);
+  return w;
+}
+
+}  // namespace flashqla::cuda
