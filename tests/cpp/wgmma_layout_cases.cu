@@ -93,7 +93,8 @@ __global__ void __launch_bounds__(128) gemm_kernel(const float* a, const float* 
   for (int s = 0; s < kK / 16; ++s) {
     if (oa.layout == kRegisters) {
       uint32_t af[4];
-      flashqla::cuda::mma::load_a(af, reinterpret_cast<const __nv_bfloat16*>(sa), kK + 8, 16 * warp, 16 * s, lane);
+      const flashqla::cuda::mma::PaddedTile<const __nv_bfloat16> tile{reinterpret_cast<const __nv_bfloat16*>(sa), kK + 8};
+      flashqla::cuda::mma::load_a(af, tile, 16 * warp, 16 * s, lane);
       cute::warpgroup_arrive();
       mma_rs<MajorB>(af, ob.desc(sb, s), d, std::make_index_sequence<64>{});
     } else {

@@ -17,29 +17,28 @@ using mma::load_b_nk;
 constexpr int kChunk = 64;     // tokens per chunk
 constexpr int kDim = 128;      // K = V
 constexpr int kThreads = 256;  // 8 warps
-constexpr int kLd = kDim + 8;     // row stride (elements) of 16-bit [.][128] tiles: ldmatrix conflict-free
-constexpr int kLdP = kChunk + 8;  // row stride of 16-bit [64][64] tiles
 constexpr int kLdF = kChunk + 4;  // row stride of fp32 [64][64] tiles
 
-// Shared memory (bytes). Two stages of q, k, v; one of everything else. q, k,
-// v, W, P, A and T are padded row-major tiles (ldmatrix / mma.sync); S's 16-bit
-// copy, Vd and Vd ⊙ e^{γ_C − γ} are wgmma B operands in the K-major core-matrix
-// layout. r1 holds A = β (K Kᵀ ⊙ Γ) during the inverse and Vd afterwards; r2
-// holds T = (I + A)⁻¹ during the inverse and Vd ⊙ e^{γ_C − γ} afterwards.
-constexpr int kTile16 = kChunk * kLd * 2;
-constexpr int kTileF = kChunk * kLdF * 4;
-static_assert(kTileF <= kTile16, "an fp32 64x64 tile shares a 16-bit 64x128 slot");
+// Shared memory (bytes). Two stages of q, k, v; one of everything else. Every
+// 16-bit tile is a core-matrix tile (mma::CoreTile: ldmatrix reads it without
+// bank conflicts, wgmma reads it through a descriptor); A and T are padded fp32.
+// r1 holds A = β (K Kᵀ ⊙ Γ) during the inverse and Vd afterwards; r2 holds
+// T = (I + A)⁻¹ during the inverse and Vd ⊙ e^{γ_C − γ} afterwards.
+using mma::CoreTile;
+constexpr int kTile16 = kChunk * kDim * 2;  // [64][128]
+constexpr int kTileF = kChunk * kLdF * 4;   // fp32 [64][68]
+static_assert(kTile16 <= kTileF, "Vd (16-bit [128][64]) fits in an fp32 64x64 slot");
 constexpr int kOffQ = 0;
 constexpr int kOffK = kOffQ + 2 * kTile16;
 constexpr int kOffV = kOffK + 2 * kTile16;
 constexpr int kOffW = kOffV + 2 * kTile16;
 constexpr int kOffS = kOffW + kTile16;
-constexpr int kOffR1 = kOffS + kDim * kLd * 2;
-constexpr int kOffR2 = kOffR1 + kTile16;
-constexpr int kOffP = kOffR2 + kTile16;
-constexpr int kOffGate = kOffP + kChunk * kLdP * 2;
+constexpr int kOffR1 = kOffS + kDim * kDim * 2;
+constexpr int kOffR2 = kOffR1 + kTileF;
+constexpr int kOffP = kOffR2 + kTileF;
+constexpr int kOffGate = kOffP + kChunk * kChunk * 2;
 constexpr int kSmemBytes = kOffGate + 4 * kChunk * 4;
-static_assert((kMaxRankedSequences + 1) * 8 <= kTile16, "the ranking scratch fits in r1");
+static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits in r1");
 
 // Phase timing for kernel development: build with -DFLASHQLA_FUSED_PROFILE
 // (benchmarks/tools/fused_phase_profile.cu); CTA 0 prints the cycles spent
@@ -64,10 +63,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   T* const sm_q = reinterpret_cast<T*>(smem + kOffQ);
   T* const sm_k = reinterpret_cast<T*>(smem + kOffK);
   T* const sm_v = reinterpret_cast<T*>(smem + kOffV);
-  T* const sm_w = reinterpret_cast<T*>(smem + kOffW);       // −W, [64][kLd]
+  const CoreTile<T, kDim> w_tile{reinterpret_cast<T*>(smem + kOffW)};  // −W, [64 tokens][128 keys]
+  const CoreTile<T, kDim> s_copy{reinterpret_cast<T*>(smem + kOffS)};  // S, [128 values][128 keys]
+  const CoreTile<T, kChunk> vd_tile{reinterpret_cast<T*>(smem + kOffR1)};   // Vd, [128 values][64 tokens]
+  const CoreTile<T, kChunk> vdd_tile{reinterpret_cast<T*>(smem + kOffR2)};  // Vd ⊙ e^{γ_C − γ}, same layout
   float* const sm_a = reinterpret_cast<float*>(smem + kOffR1);  // A, [64][kLdF]
   float* const sm_t = reinterpret_cast<float*>(smem + kOffR2);  // T, [64][kLdF]
-  T* const sm_p = reinterpret_cast<T*>(smem + kOffP);       // P = Q Kᵀ ⊙ Γ, [64][kLdP]
+  const CoreTile<T, kChunk> p_tile{reinterpret_cast<T*>(smem + kOffP)};  // P = Q Kᵀ ⊙ Γ, [64][64]
   float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);  // [2][64]
   float* const sm_beta = sm_gamma + 2 * kChunk;                        // [2][64]
 
@@ -95,21 +97,21 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   static_assert(kThreads % kSegs == 0 && kChunk % (kThreads / kSegs) == 0, "copy tiling");
   constexpr int kRowStep = kThreads / kSegs;
   const int copy_row = tid / kSegs, copy_seg = (tid % kSegs) * 8;
-  auto copy_tile = [&](T* dst, const T* base, int64_t stride, int64_t t0, int L) {
+  auto copy_tile = [&](CoreTile<T, kDim> dst, const T* base, int64_t stride, int64_t t0, int L) {
     const T* src = base + (t0 + copy_row) * stride + copy_seg;
-    dst += copy_row * kLd + copy_seg;
 #pragma unroll
     for (int m = 0; m < kChunk / kRowStep; ++m) {
       const int r = copy_row + m * kRowStep;
       // Rows past L copy nothing (zero fill) from a valid address.
-      mma::cp_async_16(dst + m * kRowStep * kLd, r < L ? src + m * kRowStep * stride : base + t0 * stride,
+      mma::cp_async_16(dst.at(r, copy_seg), r < L ? src + m * kRowStep * stride : base + t0 * stride,
                        r < L ? 16 : 0);
     }
   };
+  auto stage_tile = [&](T* tiles, int stage) { return CoreTile<T, kDim>{tiles + stage * kChunk * kDim}; };
   auto load_chunk = [&](int stage, int64_t t0, int L) {
-    copy_tile(sm_q + stage * kChunk * kLd, q_base, a.q_st, t0, L);
-    copy_tile(sm_k + stage * kChunk * kLd, k_base, a.k_st, t0, L);
-    copy_tile(sm_v + stage * kChunk * kLd, v_base, a.v_st, t0, item.read_v ? L : 0);
+    copy_tile(stage_tile(sm_q, stage), q_base, a.q_st, t0, L);
+    copy_tile(stage_tile(sm_k, stage), k_base, a.k_st, t0, L);
+    copy_tile(stage_tile(sm_v, stage), v_base, a.v_st, t0, item.read_v ? L : 0);
     mma::cp_async_commit();
   };
   // Warp 0 issues the loads of one chunk's gate and beta (lane: rows 2 lane,
@@ -161,7 +163,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
       const int x = 16 * warp + g + ((i >> 1) & 1) * 8, c = 8 * (i >> 2) + 2 * t4 + (i & 1);
-      *reinterpret_cast<T*>(smem + kOffS + wgmma::core_offset<kDim>(x, c)) = T(s_acc[i]);
+      *s_copy.at(c, x) = T(s_acc[i]);
     }
     wgmma::fence_shared_for_async();
   };
@@ -197,16 +199,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       if (warp == 0) load_gate(t0 + kChunk, L_next, next_g, next_b);
     }
 
-    T* const qs = sm_q + stage * kChunk * kLd;
-    T* const ks = sm_k + stage * kChunk * kLd;
-    const T* const vs = sm_v + stage * kChunk * kLd;
+    const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = stage_tile(sm_k, stage), vs = stage_tile(sm_v, stage);
     const float* const gam = sm_gamma + stage * kChunk;
     const float* const bet = sm_beta + stage * kChunk;
 
     if (a.use_qk_l2norm) {  // x · rsqrt(Σx² + 1e-6) per row of q and k; warp: 16 rows, lane: 4 columns
       for (int rr = 0; rr < 16; ++rr) {
         const int r = warp * 16 + rr;
-        T* rowp = (r < kChunk ? qs + r * kLd : ks + (r - kChunk) * kLd) + 4 * lane;
+        T* rowp = r < kChunk ? qs.at(r, 4 * lane) : ks.at(r - kChunk, 4 * lane);
         float x[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) x[e] = float(rowp[e]);
@@ -232,12 +232,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 #pragma unroll
       for (int k0 = 0; k0 < kDim; k0 += 16) {
         uint32_t ak[4], aq[4];
-        load_a(ak, ks, kLd, 16 * rb, k0, lane);
-        load_a(aq, qs, kLd, 16 * rb, k0, lane);
+        load_a(ak, ks, 16 * rb, k0, lane);
+        load_a(aq, qs, 16 * rb, k0, lane);
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           uint32_t b[4];
-          load_b_nk(b, ks, kLd, 32 * ch + 16 * np, k0, lane);
+          load_b_nk(b, ks, 32 * ch + 16 * np, k0, lane);
           M::run(acc[2 * np], ak, b[0], b[1]);
           M::run(acc[2 * np + 1], ak, b[2], b[3]);
           M::run(pacc[2 * np], aq, b[0], b[1]);
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
             pv[e] = pacc[j][2 * half + e] * decay;
           }
           *reinterpret_cast<float2*>(sm_a + i * kLdF + col) = make_float2(av[0], av[1]);
-          *reinterpret_cast<uint32_t*>(sm_p + i * kLdP + col) = M::pack(pv[0], pv[1]);
+          *reinterpret_cast<uint32_t*>(p_tile.at(i, col)) = M::pack(pv[0], pv[1]);
         }
       }
     } else {  // P's tiles above the diagonal are zero (step 5 multiplies all of P)
@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       for (int half = 0; half < 2; ++half)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-          *reinterpret_cast<uint32_t*>(sm_p + (16 * rb + g + 8 * half) * kLdP + 32 * ch + 8 * j + 2 * t4) = 0u;
+          *reinterpret_cast<uint32_t*>(p_tile.at(16 * rb + g + 8 * half, 32 * ch + 8 * j + 2 * t4)) = 0u;
     }
     __syncthreads();
     FUSED_PHASE(1);
@@ -346,11 +346,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       }
       const uint32_t af[4] = {M::pack(x00.x * sc[0], x00.y * sc[1]), M::pack(x10.x * sc[0], x10.y * sc[1]),
                               M::pack(x01.x * sc[2], x01.y * sc[3]), M::pack(x11.x * sc[2], x11.y * sc[3])};
-      const T* const b_tile = is_u ? vs : ks;
+      const CoreTile<T, kDim> b_tile = is_u ? vs : ks;
 #pragma unroll
       for (int np = 0; np < 8; ++np) {
         uint32_t b[4];
-        load_b_kn(b, b_tile, kLd, 16 * kb, 16 * np, lane);
+        load_b_kn(b, b_tile, 16 * kb, 16 * np, lane);
         M::run(*reinterpret_cast<float(*)[4]>(acc + 8 * np), af, b[0], b[1]);
         M::run(*reinterpret_cast<float(*)[4]>(acc + 8 * np + 4), af, b[2], b[3]);
       }
@@ -359,8 +359,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         const int i = 16 * wr + g, col = 8 * j + 2 * t4;
-        *reinterpret_cast<uint32_t*>(sm_w + i * kLd + col) = M::pack(-acc[4 * j], -acc[4 * j + 1]);
-        *reinterpret_cast<uint32_t*>(sm_w + (i + 8) * kLd + col) = M::pack(-acc[4 * j + 2], -acc[4 * j + 3]);
+        *reinterpret_cast<uint32_t*>(w_tile.at(i, col)) = M::pack(-acc[4 * j], -acc[4 * j + 1]);
+        *reinterpret_cast<uint32_t*>(w_tile.at(i + 8, col)) = M::pack(-acc[4 * j + 2], -acc[4 * j + 3]);
         acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.f;
       }
     }
@@ -371,11 +371,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     {
       uint32_t af[8][4];
 #pragma unroll
-      for (int k = 0; k < 8; ++k) load_a(af[k], is_u ? sm_w : qs, kLd, 16 * wr, 16 * k, lane);
+      for (int k = 0; k < 8; ++k) load_a(af[k], is_u ? w_tile : qs, 16 * wr, 16 * k, lane);
       wgmma::fence(acc);
 #pragma unroll
       for (int k = 0; k < 8; ++k)
-        wgmma::mma<T>(af[k], wgmma::make_desc(smem + kOffS + k * 256, 128, kDim * 16), acc);
+        wgmma::mma<T>(af[k], wgmma::kmajor_desc(s_copy, 16 * k), acc);
       wgmma::commit_and_wait(acc);
     }
     const float gamma_last = gam[kChunk - 1];  // rows >= L repeat γ_{L−1}
@@ -389,9 +389,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float vd = acc[4 * j + 2 * half + e];
-            const int off = wgmma::core_offset<kChunk>(i, 8 * j + 2 * t4 + e);
-            *reinterpret_cast<T*>(smem + kOffR1 + off) = T(vd);
-            *reinterpret_cast<T*>(smem + kOffR2 + off) = T(decay * vd);
+            *vd_tile.at(8 * j + 2 * t4 + e, i) = T(vd);
+            *vdd_tile.at(8 * j + 2 * t4 + e, i) = T(decay * vd);
           }
         }
       } else {
@@ -408,11 +407,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     if (!is_u) {
       uint32_t af[4][4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) load_a(af[k], sm_p, kLdP, 16 * wr, 16 * k, lane);
+      for (int k = 0; k < 4; ++k) load_a(af[k], p_tile, 16 * wr, 16 * k, lane);
       wgmma::fence(acc);
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        wgmma::mma<T>(af[k], wgmma::make_desc(smem + kOffR1 + k * 256, 128, kChunk * 16), acc);
+        wgmma::mma<T>(af[k], wgmma::kmajor_desc(vd_tile, 16 * k), acc);
       wgmma::commit_and_wait(acc);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -435,11 +434,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       for (int i = 0; i < 64; ++i) s_acc[i] *= e_last;
       uint32_t af[4][4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) load_a_trans(af[k], ks, kLd, 16 * warp, 16 * k, lane);
+      for (int k = 0; k < 4; ++k) load_a_trans(af[k], ks, 16 * warp, 16 * k, lane);
       wgmma::fence(s_acc);
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        wgmma::mma<T>(af[k], wgmma::make_desc(smem + kOffR2 + k * 256, 128, kChunk * 16), s_acc);
+        wgmma::mma<T>(af[k], wgmma::kmajor_desc(vdd_tile, 16 * k), s_acc);
       wgmma::commit_and_wait(s_acc);
     }
     store_state_copy();  // every warp has finished reading S (step 4)

@@ -103,30 +103,53 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
                : "r"(smem_addr(p)));
 }
 
-// A fragment of the 16x16 block at (r0, c0) of a row-major [m][k] tile.
+// Shared-memory tiles of 16-bit elements, addressed by (row, column):
+// - PaddedTile: row-major with a padded row stride (ld elements);
+// - CoreTile: 8x8 core matrices (8 rows of 8 contiguous elements, 128 bytes),
+//   the 8-column chunks of a row block 128 bytes apart, row blocks kCols * 16
+//   bytes apart. ldmatrix reads a core matrix as 128 contiguous bytes (no bank
+//   conflicts, no padding), and the same bytes are a wgmma operand in the
+//   non-swizzled layout (rows = M/N and columns = K: K-major; the transpose:
+//   MN-major).
 template <typename T>
-__device__ __forceinline__ void load_a(uint32_t (&a)[4], const T* tile, int ld, int r0, int c0, int lane) {
-  ldsm_x4(a, tile + (r0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * ld + c0 + ((lane >> 4) << 3));
+struct PaddedTile {
+  T* base;
+  int ld;
+  __device__ __forceinline__ T* at(int r, int c) const { return base + r * ld + c; }
+};
+
+template <typename T, int kCols>
+struct CoreTile {
+  T* base;
+  __device__ __forceinline__ T* at(int r, int c) const {
+    return base + (r >> 3) * (kCols * 8) + (c >> 3) * 64 + (r & 7) * 8 + (c & 7);
+  }
+};
+
+// A fragment of the 16x16 block at (r0, c0) of an [m][k] tile.
+template <typename Tile>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const Tile& tile, int r0, int c0, int lane) {
+  ldsm_x4(a, tile.at(r0 + (lane & 7) + (((lane >> 3) & 1) << 3), c0 + ((lane >> 4) << 3)));
 }
 
 // A fragment of A = Xᵀ for the 16x16 block at (m0, k0) of A, where X is a
-// row-major [k][m] tile.
-template <typename T>
-__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const T* tile, int ld, int m0, int k0, int lane) {
-  ldsm_x4_trans(a, tile + (k0 + (lane & 7) + ((lane >> 4) << 3)) * ld + m0 + (((lane >> 3) & 1) << 3));
+// [k][m] tile.
+template <typename Tile>
+__device__ __forceinline__ void load_a_trans(uint32_t (&a)[4], const Tile& tile, int m0, int k0, int lane) {
+  ldsm_x4_trans(a, tile.at(k0 + (lane & 7) + ((lane >> 4) << 3), m0 + (((lane >> 3) & 1) << 3)));
 }
 
 // B fragments of two adjacent n-tiles (n0 and n0 + 8) at reduction offset k0,
-// from a row-major [n][k] tile: b[0], b[1] for n0; b[2], b[3] for n0 + 8.
-template <typename T>
-__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const T* tile, int ld, int n0, int k0, int lane) {
-  ldsm_x4(b, tile + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + (((lane >> 3) & 1) << 3));
+// from an [n][k] tile: b[0], b[1] for n0; b[2], b[3] for n0 + 8.
+template <typename Tile>
+__device__ __forceinline__ void load_b_nk(uint32_t (&b)[4], const Tile& tile, int n0, int k0, int lane) {
+  ldsm_x4(b, tile.at(n0 + (lane & 7) + ((lane >> 4) << 3), k0 + (((lane >> 3) & 1) << 3)));
 }
 
-// The same two n-tiles from a row-major [k][n] tile.
-template <typename T>
-__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const T* tile, int ld, int k0, int n0, int lane) {
-  ldsm_x4_trans(b, tile + (k0 + (lane & 7) + (((lane >> 3) & 1) << 3)) * ld + n0 + ((lane >> 4) << 3));
+// The same two n-tiles from a [k][n] tile.
+template <typename Tile>
+__device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const Tile& tile, int k0, int n0, int lane) {
+  ldsm_x4_trans(b, tile.at(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), n0 + ((lane >> 4) << 3)));
 }
 
 // 16-byte global -> shared copy; src_bytes = 0 fills the destination with zeros.

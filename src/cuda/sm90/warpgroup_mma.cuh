@@ -6,7 +6,7 @@
 //
 // B layout ("interleave", K-major): 8x8 core matrices of 8 N-rows x 8 K-elements,
 // each row 16 contiguous bytes; core matrices adjacent in K are `lbo` bytes
-// apart, those adjacent in N `sbo` bytes apart.
+// apart, those adjacent in N `sbo` bytes apart — mma::CoreTile with rows = N.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,8 @@
 
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
+
+#include "cuda/sm90/warp_mma.cuh"
 
 namespace flashqla::cuda::wgmma {
 
@@ -30,11 +32,11 @@ __device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo_byt
   return d.desc_;
 }
 
-// Byte offset of element (k, n) in a K-major core-matrix tile with K extent
-// k_extent (core matrices along K packed at 128 bytes, then the next 8 N-rows).
-template <int kExtent>
-__device__ __forceinline__ int core_offset(int k, int n) {
-  return (n >> 3) * (kExtent * 16) + (k >> 3) * 128 + (n & 7) * 16 + (k & 7) * 2;
+// Descriptor of a CoreTile [N rows][K columns] read as the K-major operand,
+// from column k0 (core matrices adjacent in K: 128 bytes; row blocks: kCols * 16).
+template <typename T, int kCols>
+__device__ __forceinline__ uint64_t kmajor_desc(const mma::CoreTile<T, kCols>& tile, int k0) {
+  return make_desc(tile.at(0, k0), 128, kCols * 16);
 }
 
 template <typename T>
