@@ -12,7 +12,6 @@ namespace {
 using mma::load_a;
 using mma::load_a_trans;
 using mma::load_b_kn;
-using mma::load_b_nk;
 
 constexpr int kChunk = 64;     // tokens per chunk
 constexpr int kDim = 128;      // K = V
@@ -75,8 +74,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
-  // Chunk-row GEMMs: warp = (16-row block rb, 64-column half ch).
-  const int rb = warp & 3, ch = warp >> 2;
 
   static_assert(kWorkItemChunk == kChunk, "work items count chunks of the kernel's size");
   const WorkItem item = resolve_work_item(a, blockIdx.x, reinterpret_cast<int64_t*>(smem + kOffR1));
@@ -220,55 +217,43 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       __syncthreads();
     }
 
-    // --- 1. A = β (K Kᵀ ⊙ Γ) strictly lower (fp32) and P = Q Kᵀ ⊙ Γ lower (16-bit).
-    // Warp (rb, ch) computes rows 16 rb.., columns 32 ch..; tiles wholly above the
-    // diagonal are skipped (A's never read; P's written as zeros).
-    if (!(ch == 1 && rb < 2)) {
-      float acc[4][4], pacc[4][4];
+    // --- 1. wgmma, B = K: warpgroup 0 A = β (K Kᵀ ⊙ Γ) strictly lower (fp32, for
+    // the inverse), warpgroup 1 P = Q Kᵀ ⊙ Γ lower (16-bit; zeros above the diagonal).
+    const int wr = warp & 3;
+    const bool is_u = warp < 4;  // warpgroup 0 (A, then U and Vd) or 1 (P, then W and O)
+    {
+      float acc[kChunk / 2];
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
+      uint32_t af[kDim / 16][4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) acc[j][e] = pacc[j][e] = 0.f;
+      for (int k = 0; k < kDim / 16; ++k) load_a(af[k], is_u ? ks : qs, 16 * wr, 16 * k, lane);
+      wgmma::fence(acc);
 #pragma unroll
-      for (int k0 = 0; k0 < kDim; k0 += 16) {
-        uint32_t ak[4], aq[4];
-        load_a(ak, ks, 16 * rb, k0, lane);
-        load_a(aq, qs, 16 * rb, k0, lane);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          uint32_t b[4];
-          load_b_nk(b, ks, 32 * ch + 16 * np, k0, lane);
-          M::run(acc[2 * np], ak, b[0], b[1]);
-          M::run(acc[2 * np + 1], ak, b[2], b[3]);
-          M::run(pacc[2 * np], aq, b[0], b[1]);
-          M::run(pacc[2 * np + 1], aq, b[2], b[3]);
-        }
-      }
+      for (int k = 0; k < kDim / 16; ++k) wgmma::mma<T, kChunk>(af[k], wgmma::kmajor_desc(ks, 16 * k), acc);
+      wgmma::commit_and_wait(acc);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const int i = 16 * rb + g + 8 * half;
+        const int i = 16 * wr + g + 8 * half;
         const float gi = gam[i], bi = bet[i];
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int col = 32 * ch + 8 * j + 2 * t4;
-          float av[2], pv[2];
+        for (int j = 0; j < kChunk / 8; ++j) {
+          const int col = 8 * j + 2 * t4;
+          float x[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int jj = col + e;
             const float decay = jj <= i ? __expf(gi - gam[jj]) : 0.f;
-            av[e] = jj < i ? bi * acc[j][2 * half + e] * decay : 0.f;
-            pv[e] = pacc[j][2 * half + e] * decay;
+            const float v = acc[4 * j + 2 * half + e];
+            x[e] = is_u ? (jj < i ? bi * v * decay : 0.f) : v * decay;
           }
-          *reinterpret_cast<float2*>(sm_a + i * kLdF + col) = make_float2(av[0], av[1]);
-          *reinterpret_cast<uint32_t*>(p_tile.at(i, col)) = M::pack(pv[0], pv[1]);
+          if (is_u) {
+            *reinterpret_cast<float2*>(sm_a + i * kLdF + col) = make_float2(x[0], x[1]);
+          } else {
+            *reinterpret_cast<uint32_t*>(p_tile.at(i, col)) = M::pack(x[0], x[1]);
+          }
         }
       }
-    } else {  // P's tiles above the diagonal are zero (step 5 multiplies all of P)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-          *reinterpret_cast<uint32_t*>(p_tile.at(16 * rb + g + 8 * half, 32 * ch + 8 * j + 2 * t4)) = 0u;
     }
     __syncthreads();
     FUSED_PHASE(1);
@@ -326,8 +311,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 
     // --- 3. Warpgroup 0: U = T diag(β) V, kept in registers as step 4's accumulator;
     // warpgroup 1: −W = −T diag(β e^γ) K, to shared memory. Warp: rows 16 wr.., all columns.
-    const int wr = warp & 3;
-    const bool is_u = warp < 4;
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
@@ -375,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       wgmma::fence(acc);
 #pragma unroll
       for (int k = 0; k < 8; ++k)
-        wgmma::mma<T>(af[k], wgmma::kmajor_desc(s_copy, 16 * k), acc);
+        wgmma::mma<T, kDim>(af[k], wgmma::kmajor_desc(s_copy, 16 * k), acc);
       wgmma::commit_and_wait(acc);
     }
     const float gamma_last = gam[kChunk - 1];  // rows >= L repeat γ_{L−1}
@@ -411,7 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       wgmma::fence(acc);
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        wgmma::mma<T>(af[k], wgmma::kmajor_desc(vd_tile, 16 * k), acc);
+        wgmma::mma<T, kDim>(af[k], wgmma::kmajor_desc(vd_tile, 16 * k), acc);
       wgmma::commit_and_wait(acc);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -438,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       wgmma::fence(s_acc);
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        wgmma::mma<T>(af[k], wgmma::kmajor_desc(vdd_tile, 16 * k), s_acc);
+        wgmma::mma<T, kDim>(af[k], wgmma::kmajor_desc(vdd_tile, 16 * k), s_acc);
       wgmma::commit_and_wait(s_acc);
     }
     store_state_copy();  // every warp has finished reading S (step 4)

@@ -1,7 +1,7 @@
-// Warpgroup tensor-core building blocks (sm_90a): wgmma m64n128k16 with A from
+// Warpgroup tensor-core building blocks (sm_90a): wgmma m64nNk16 with A from
 // registers (the mma.sync A-fragment layout, one 16-row slice per warp) and B
 // from shared memory in the K-major, non-swizzled core-matrix layout; fp32
-// accumulators in the mma.sync C layout repeated over the 16 n8 tiles
+// accumulators in the mma.sync C layout repeated over the N / 8 n8 tiles
 // (d[4 j + e]: row 16 warp + g + 8 (e / 2), column 8 j + 2 t + e % 2).
 //
 // B layout ("interleave", K-major): 8x8 core matrices of 8 N-rows x 8 K-elements,
@@ -39,42 +39,53 @@ __device__ __forceinline__ uint64_t kmajor_desc(const mma::CoreTile<T, kCols>& t
   return make_desc(tile.at(0, k0), 128, kCols * 16);
 }
 
-template <typename T>
+template <typename T, int N>
 struct Op;
 template <>
-struct Op<__nv_bfloat16> {
+struct Op<__nv_bfloat16, 128> {
   using type = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
 };
 template <>
-struct Op<__half> {
+struct Op<__nv_bfloat16, 64> {
+  using type = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
+};
+template <>
+struct Op<__half, 128> {
   using type = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
 };
+template <>
+struct Op<__half, 64> {
+  using type = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
+};
 
-template <typename T, size_t... I>
-__device__ __forceinline__ void mma_impl(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[64],
+template <typename T, int N, size_t... I>
+__device__ __forceinline__ void mma_impl(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[N / 2],
                                          std::index_sequence<I...>) {
-  Op<T>::type::fma(a[0], a[1], a[2], a[3], desc_b, d[I]...);
+  Op<T, N>::type::fma(a[0], a[1], a[2], a[3], desc_b, d[I]...);
 }
 
-// d += A (64x16, registers) B (16x128, shared memory); asynchronous until wait().
-template <typename T>
-__device__ __forceinline__ void mma(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[64]) {
-  mma_impl<T>(a, desc_b, d, std::make_index_sequence<64>{});
+// d += A (64x16, registers) B (16xN, shared memory), N = 64 or 128 (N / 2
+// accumulators a thread); asynchronous until commit_and_wait().
+template <typename T, int N>
+__device__ __forceinline__ void mma(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[N / 2]) {
+  mma_impl<T, N>(a, desc_b, d, std::make_index_sequence<N / 2>{});
 }
 
 // Register writes (accumulators, A fragments) before the first mma of a batch.
-__device__ __forceinline__ void fence(float (&d)[64]) {
+template <int R>
+__device__ __forceinline__ void fence(float (&d)[R]) {
 #pragma unroll
-  for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(d[i]);
+  for (int i = 0; i < R; ++i) cute::warpgroup_fence_operand(d[i]);
   cute::warpgroup_arrive();
 }
 
 // Issue the batch and wait for it; the accumulators are readable afterwards.
-__device__ __forceinline__ void commit_and_wait(float (&d)[64]) {
+template <int R>
+__device__ __forceinline__ void commit_and_wait(float (&d)[R]) {
   cute::warpgroup_commit_batch();
   cute::warpgroup_wait<0>();
 #pragma unroll
-  for (int i = 0; i < 64; ++i) cute::warpgroup_fence_operand(d[i]);
+  for (int i = 0; i < R; ++i) cute::warpgroup_fence_operand(d[i]);
 }
 
 // Generic-proxy shared-memory writes made visible to wgmma (before a barrier).
