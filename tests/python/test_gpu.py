@@ -123,6 +123,50 @@ def test_cuda_graph_replay_follows_cu_seqlens_contents():
         assert torch.equal(o, expect_o) and torch.equal(ht, expect_ht), cu
 
 
+SEQUENCE_PIECE_CASES = {
+    "one_long_sequence": dict(T=4096, H=2, HV=4, K=128, V=128),
+    "varlen_with_empty": dict(cu_seqlens=[0, 0, 63, 64, 64, 1000, 1065, 4096], H=1, HV=2, K=128, V=128),
+    "no_h0_v_first": dict(T=1500, H=1, HV=2, K=128, V=128, h0=False, state_v_first=True),
+}
+
+
+@pytest.mark.parametrize("piece_chunks", ["", "2"])
+@pytest.mark.parametrize("name", list(SEQUENCE_PIECE_CASES))
+def test_sequence_pieces_match_oracle(monkeypatch, name, piece_chunks):
+    """Intra-card sequence parallelism (few chains): the same results as whole sequences,
+    up to rounding, and the oracle's."""
+    spec = dict(SEQUENCE_PIECE_CASES[name])
+    state_v_first = spec.get("state_v_first", False)
+    x = make_inputs(dtype=torch.bfloat16, device="cuda", seed=5, **spec)
+    whole = flashqla.chunk_gated_delta_rule(**x, output_final_state=True, state_v_first=state_v_first)
+    monkeypatch.setenv("FLASHQLA_SEQUENCE_PARALLEL", "1")
+    monkeypatch.setenv("FLASHQLA_PIECE_CHUNKS", piece_chunks)
+    o, ht = flashqla.chunk_gated_delta_rule(**x, output_final_state=True, state_v_first=state_v_first)
+    ref_o, ref_ht = _oracle(x, state_v_first=state_v_first)
+    assert rel_error(o, ref_o) <= 5e-3 and rel_error(ht, ref_ht) <= 5e-3, name
+    assert rel_error(o, whole[0]) <= 5e-3 and rel_error(ht, whole[1]) <= 5e-3, name
+
+
+def test_cuda_graph_replay_with_sequence_pieces(monkeypatch):
+    """The piece plan uses only shapes; the pieces come from cu_seqlens on the device."""
+    monkeypatch.setenv("FLASHQLA_SEQUENCE_PARALLEL", "1")
+    monkeypatch.setenv("FLASHQLA_PIECE_CHUNKS", "2")
+    x = make_inputs(cu_seqlens=[0, 300, 1000, 1024], H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, device="cuda")
+    static = {name: t.clone() if t is not None else None for name, t in x.items()}
+    flashqla.chunk_gated_delta_rule(**static, output_final_state=True)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, ht = flashqla.chunk_gated_delta_rule(**static, output_final_state=True)
+    for cu in ([0, 1024, 1024, 1024], [0, 1, 2, 1024], [0, 512, 512, 1024]):
+        static["cu_seqlens"].copy_(torch.tensor(cu, dtype=torch.int32))
+        graph.replay()
+        expect_o, expect_ht = flashqla.chunk_gated_delta_rule(**{**static, "cu_seqlens": static["cu_seqlens"].clone()},
+                                                              output_final_state=True)
+        torch.cuda.synchronize()
+        assert torch.equal(o, expect_o) and torch.equal(ht, expect_ht), cu
+
+
 def test_inputs_requiring_grad_are_refused_until_the_backward_exists():
     x = make_inputs(T=64, H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     with pytest.raises(NotImplementedError, match="backward kernel"):
