@@ -107,14 +107,20 @@ def test_error_no_worse_than_fla(monkeypatch):
 def test_cuda_graph_replay_follows_cu_seqlens_contents():
     """Captured once; replayed with new cu_seqlens contents (same shapes): no host sync
     may have baked the old boundaries in."""
-    x = make_inputs(cu_seqlens=[0, 300, 1000, 1024], H=1, HV=4, K=128, V=128, dtype=torch.bfloat16, device="cuda")
+    _check_graph_replay(HV=4, cu_variants=([0, 300, 1000, 1024], [0, 1, 2, 1024], [0, 512, 512, 1024]))
+
+
+def _check_graph_replay(HV, cu_variants):
+    """Captures one call, replays it after writing each of cu_variants into the captured
+    cu_seqlens, and compares with an eager call on the same contents."""
+    x = make_inputs(cu_seqlens=[0, 300, 1000, 1024], H=1, HV=HV, K=128, V=128, dtype=torch.bfloat16, device="cuda")
     static = {name: t.clone() if t is not None else None for name, t in x.items()}
     flashqla.chunk_gated_delta_rule(**static, output_final_state=True)  # warm-up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         o, ht = flashqla.chunk_gated_delta_rule(**static, output_final_state=True)
-    for cu in ([0, 300, 1000, 1024], [0, 1, 2, 1024], [0, 512, 512, 1024]):
+    for cu in cu_variants:
         static["cu_seqlens"].copy_(torch.tensor(cu, dtype=torch.int32))
         graph.replay()
         expect_o, expect_ht = flashqla.chunk_gated_delta_rule(**{**static, "cu_seqlens": static["cu_seqlens"].clone()},
@@ -151,20 +157,7 @@ def test_cuda_graph_replay_with_sequence_pieces(monkeypatch):
     """The piece plan uses only shapes; the pieces come from cu_seqlens on the device."""
     monkeypatch.setenv("FLASHQLA_SEQUENCE_PARALLEL", "1")
     monkeypatch.setenv("FLASHQLA_PIECE_CHUNKS", "2")
-    x = make_inputs(cu_seqlens=[0, 300, 1000, 1024], H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, device="cuda")
-    static = {name: t.clone() if t is not None else None for name, t in x.items()}
-    flashqla.chunk_gated_delta_rule(**static, output_final_state=True)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        o, ht = flashqla.chunk_gated_delta_rule(**static, output_final_state=True)
-    for cu in ([0, 1024, 1024, 1024], [0, 1, 2, 1024], [0, 512, 512, 1024]):
-        static["cu_seqlens"].copy_(torch.tensor(cu, dtype=torch.int32))
-        graph.replay()
-        expect_o, expect_ht = flashqla.chunk_gated_delta_rule(**{**static, "cu_seqlens": static["cu_seqlens"].clone()},
-                                                              output_final_state=True)
-        torch.cuda.synchronize()
-        assert torch.equal(o, expect_o) and torch.equal(ht, expect_ht), cu
+    _check_graph_replay(HV=2, cu_variants=([0, 1024, 1024, 1024], [0, 1, 2, 1024], [0, 512, 512, 1024]))
 
 
 def test_inputs_requiring_grad_are_refused_until_the_backward_exists():
