@@ -11,7 +11,6 @@ namespace {
 
 using mma::load_a;
 using mma::load_a_trans;
-using mma::load_b_kn;
 
 constexpr int kChunk = 64;     // tokens per chunk
 constexpr int kDim = 128;      // K = V
@@ -309,34 +308,43 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     __syncthreads();
     FUSED_PHASE(3);
 
-    // --- 3. Warpgroup 0: U = T diag(β) V, kept in registers as step 4's accumulator;
-    // warpgroup 1: −W = −T diag(β e^γ) K, to shared memory. Warp: rows 16 wr.., all columns.
+    // --- 3. wgmma, B = V or K read MN-major (K = tokens): warpgroup 0 U = T diag(β) V,
+    // kept as step 4's accumulator; warpgroup 1 −W = −T diag(β e^γ) K, to shared memory.
+    // A = T's rows 16 wr.. in 16-bit, scaled by column; blocks above the diagonal are zero.
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-    for (int kb = 0; kb <= wr; ++kb) {
-      const int c0 = 16 * kb + 2 * t4;
-      const float* t_lo = sm_t + (16 * wr + g) * kLdF + c0;
-      const float* t_hi = t_lo + 8 * kLdF;
-      const float2 x00 = *reinterpret_cast<const float2*>(t_lo);
-      const float2 x01 = *reinterpret_cast<const float2*>(t_lo + 8);
-      const float2 x10 = *reinterpret_cast<const float2*>(t_hi);
-      const float2 x11 = *reinterpret_cast<const float2*>(t_hi + 8);
-      float sc[4] = {bet[c0], bet[c0 + 1], bet[c0 + 8], bet[c0 + 9]};
-      if (!is_u) {
-        sc[0] *= __expf(gam[c0]), sc[1] *= __expf(gam[c0 + 1]);
-        sc[2] *= __expf(gam[c0 + 8]), sc[3] *= __expf(gam[c0 + 9]);
-      }
-      const uint32_t af[4] = {M::pack(x00.x * sc[0], x00.y * sc[1]), M::pack(x10.x * sc[0], x10.y * sc[1]),
-                              M::pack(x01.x * sc[2], x01.y * sc[3]), M::pack(x11.x * sc[2], x11.y * sc[3])};
-      const CoreTile<T, kDim> b_tile = is_u ? vs : ks;
+    {
+      uint32_t af[kChunk / 16][4];
 #pragma unroll
-      for (int np = 0; np < 8; ++np) {
-        uint32_t b[4];
-        load_b_kn(b, b_tile, 16 * kb, 16 * np, lane);
-        M::run(*reinterpret_cast<float(*)[4]>(acc + 8 * np), af, b[0], b[1]);
-        M::run(*reinterpret_cast<float(*)[4]>(acc + 8 * np + 4), af, b[2], b[3]);
+      for (int kb = 0; kb < kChunk / 16; ++kb) {
+        if (kb > wr) {
+          af[kb][0] = af[kb][1] = af[kb][2] = af[kb][3] = 0u;
+          continue;
+        }
+        const int c0 = 16 * kb + 2 * t4;
+        const float* t_lo = sm_t + (16 * wr + g) * kLdF + c0;
+        const float* t_hi = t_lo + 8 * kLdF;
+        const float2 x00 = *reinterpret_cast<const float2*>(t_lo);
+        const float2 x01 = *reinterpret_cast<const float2*>(t_lo + 8);
+        const float2 x10 = *reinterpret_cast<const float2*>(t_hi);
+        const float2 x11 = *reinterpret_cast<const float2*>(t_hi + 8);
+        float sc[4] = {bet[c0], bet[c0 + 1], bet[c0 + 8], bet[c0 + 9]};
+        if (!is_u) {
+          sc[0] *= __expf(gam[c0]), sc[1] *= __expf(gam[c0 + 1]);
+          sc[2] *= __expf(gam[c0 + 8]), sc[3] *= __expf(gam[c0 + 9]);
+        }
+        af[kb][0] = M::pack(x00.x * sc[0], x00.y * sc[1]);
+        af[kb][1] = M::pack(x10.x * sc[0], x10.y * sc[1]);
+        af[kb][2] = M::pack(x01.x * sc[2], x01.y * sc[3]);
+        af[kb][3] = M::pack(x11.x * sc[2], x11.y * sc[3]);
       }
+      const CoreTile<T, kDim> b_tile = is_u ? vs : ks;
+      wgmma::fence(acc);
+#pragma unroll
+      for (int kb = 0; kb < kChunk / 16; ++kb)
+        wgmma::mma_b_mn<T, kDim>(af[kb], wgmma::mnmajor_desc(b_tile, 16 * kb), acc);
+      wgmma::commit_and_wait(acc);
     }
     if (!is_u) {
 #pragma unroll

@@ -1,8 +1,8 @@
 // The tensor-core forward for K = V = 128 with bf16 / fp16 tokens: one CTA per
 // (sequence, value head) work item, longest sequences first, the state held in
-// fp32 registers across the chunk loop, K Kᵀ, Q Kᵀ and the GEMMs that read the
-// state on wgmma (two warpgroups), the inverse and W, U on mma.sync, the next
-// chunk's q/k/v streamed in by cp.async while the current one computes.
+// fp32 registers across the chunk loop, every GEMM of a chunk on wgmma (two
+// warpgroups) but the inverse's small blocks (mma.sync), the next chunk's
+// q/k/v streamed in by cp.async while the current one computes.
 // docs/perf.md logs its versions; docs/design.md describes the algorithm.
 #pragma once
 

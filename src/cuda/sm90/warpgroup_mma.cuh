@@ -39,36 +39,52 @@ __device__ __forceinline__ uint64_t kmajor_desc(const mma::CoreTile<T, kCols>& t
   return make_desc(tile.at(0, k0), 128, kCols * 16);
 }
 
-template <typename T, int N>
+// Descriptor of a CoreTile [K rows][N columns] read as the MN-major B operand,
+// from row k0: core matrices adjacent in N are 128 bytes apart (SBO), 8-row
+// blocks adjacent in K kCols * 16 bytes (LBO) — the non-swizzled MN-major
+// canonical layout ((8,1,n),(8,k)):((1,8,SBO),(8,LBO)) in elements.
+template <typename T, int kCols>
+__device__ __forceinline__ uint64_t mnmajor_desc(const mma::CoreTile<T, kCols>& tile, int k0) {
+  return make_desc(tile.at(k0, 0), kCols * 16, 128);
+}
+
+// The instruction for 16-bit T, N columns and B's major-ness (A: registers).
+template <typename T, int N, cute::SM90::GMMA::Major B>
 struct Op;
-template <>
-struct Op<__nv_bfloat16, 128> {
-  using type = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
+template <cute::SM90::GMMA::Major B>
+struct Op<__nv_bfloat16, 128, B> {
+  using type = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, B>;
 };
-template <>
-struct Op<__nv_bfloat16, 64> {
-  using type = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
+template <cute::SM90::GMMA::Major B>
+struct Op<__nv_bfloat16, 64, B> {
+  using type = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, B>;
 };
-template <>
-struct Op<__half, 128> {
-  using type = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
+template <cute::SM90::GMMA::Major B>
+struct Op<__half, 128, B> {
+  using type = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, B>;
 };
-template <>
-struct Op<__half, 64> {
-  using type = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, cute::SM90::GMMA::Major::K>;
+template <cute::SM90::GMMA::Major B>
+struct Op<__half, 64, B> {
+  using type = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, B>;
 };
 
-template <typename T, int N, size_t... I>
+template <typename T, int N, cute::SM90::GMMA::Major B, size_t... I>
 __device__ __forceinline__ void mma_impl(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[N / 2],
                                          std::index_sequence<I...>) {
-  Op<T, N>::type::fma(a[0], a[1], a[2], a[3], desc_b, d[I]...);
+  Op<T, N, B>::type::fma(a[0], a[1], a[2], a[3], desc_b, d[I]...);
 }
 
 // d += A (64x16, registers) B (16xN, shared memory), N = 64 or 128 (N / 2
-// accumulators a thread); asynchronous until commit_and_wait().
+// accumulators a thread), B K-major (kmajor_desc); asynchronous until commit_and_wait().
 template <typename T, int N>
 __device__ __forceinline__ void mma(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[N / 2]) {
-  mma_impl<T, N>(a, desc_b, d, std::make_index_sequence<N / 2>{});
+  mma_impl<T, N, cute::SM90::GMMA::Major::K>(a, desc_b, d, std::make_index_sequence<N / 2>{});
+}
+
+// The same with B MN-major (mnmajor_desc).
+template <typename T, int N>
+__device__ __forceinline__ void mma_b_mn(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[N / 2]) {
+  mma_impl<T, N, cute::SM90::GMMA::Major::MN>(a, desc_b, d, std::make_index_sequence<N / 2>{});
 }
 
 // Register writes (accumulators, A fragments) before the first mma of a batch.
