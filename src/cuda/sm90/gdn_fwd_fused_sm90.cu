@@ -62,9 +62,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   T* const sm_k = reinterpret_cast<T*>(smem + kOffK);
   T* const sm_v = reinterpret_cast<T*>(smem + kOffV);
   const CoreTile<T, kDim> w_tile{reinterpret_cast<T*>(smem + kOffW)};  // −W, [64 tokens][128 keys]
-  const CoreTile<T, kDim> s_copy{reinterpret_cast<T*>(smem + kOffS)};  // S, [128 values][128 keys]
-  const CoreTile<T, kChunk> vd_tile{reinterpret_cast<T*>(smem + kOffR1)};   // Vd, [128 values][64 tokens]
-  const CoreTile<T, kChunk> vdd_tile{reinterpret_cast<T*>(smem + kOffR2)};  // Vd ⊙ e^{γ_C − γ}, same layout
+  // B operands read MN-major (rows = the reduction, columns = values): S's copy
+  // [128 keys][128 values], Vd and Vd ⊙ e^{γ_C − γ} [64 tokens][128 values].
+  const CoreTile<T, kDim> s_copy{reinterpret_cast<T*>(smem + kOffS)};
+  const CoreTile<T, kDim> vd_tile{reinterpret_cast<T*>(smem + kOffR1)};
+  const CoreTile<T, kDim> vdd_tile{reinterpret_cast<T*>(smem + kOffR2)};
   float* const sm_a = reinterpret_cast<float*>(smem + kOffR1);  // A, [64][kLdF]
   float* const sm_t = reinterpret_cast<float*>(smem + kOffR2);  // T, [64][kLdF]
   const CoreTile<T, kChunk> p_tile{reinterpret_cast<T*>(smem + kOffP)};  // P = Q Kᵀ ⊙ Γ, [64][64]
@@ -157,9 +159,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   // S's 16-bit copy, the B operand of step 4 (K = keys, N = values).
   auto store_state_copy = [&]() {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int x = 16 * warp + g + ((i >> 1) & 1) * 8, c = 8 * (i >> 2) + 2 * t4 + (i & 1);
-      *s_copy.at(c, x) = T(s_acc[i]);
+    for (int i = 0; i < 64; i += 2) {
+      const int x = 16 * warp + g + ((i >> 1) & 1) * 8, c = 8 * (i >> 2) + 2 * t4;
+      *reinterpret_cast<uint32_t*>(s_copy.at(x, c)) = M::pack(s_acc[i], s_acc[i + 1]);
     }
     wgmma::fence_shared_for_async();
   };
@@ -366,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       wgmma::fence(acc);
 #pragma unroll
       for (int k = 0; k < 8; ++k)
-        wgmma::mma<T, kDim>(af[k], wgmma::kmajor_desc(s_copy, 16 * k), acc);
+        wgmma::mma_b_mn<T, kDim>(af[k], wgmma::mnmajor_desc(s_copy, 16 * k), acc);
       wgmma::commit_and_wait(acc);
     }
     const float gamma_last = gam[kChunk - 1];  // rows >= L repeat γ_{L−1}
@@ -377,12 +379,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         const float decay = __expf(gamma_last - gam[i]);
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float vd = acc[4 * j + 2 * half + e];
-            *vd_tile.at(8 * j + 2 * t4 + e, i) = T(vd);
-            *vdd_tile.at(8 * j + 2 * t4 + e, i) = T(decay * vd);
-          }
+          const float v0 = acc[4 * j + 2 * half], v1 = acc[4 * j + 2 * half + 1];
+          *reinterpret_cast<uint32_t*>(vd_tile.at(i, 8 * j + 2 * t4)) = M::pack(v0, v1);
+          *reinterpret_cast<uint32_t*>(vdd_tile.at(i, 8 * j + 2 * t4)) = M::pack(decay * v0, decay * v1);
         }
       } else {
         const float eg = __expf(gam[i]);
@@ -402,7 +401,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       wgmma::fence(acc);
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        wgmma::mma<T, kDim>(af[k], wgmma::kmajor_desc(vd_tile, 16 * k), acc);
+        wgmma::mma_b_mn<T, kDim>(af[k], wgmma::mnmajor_desc(vd_tile, 16 * k), acc);
       wgmma::commit_and_wait(acc);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -429,7 +428,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       wgmma::fence(s_acc);
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        wgmma::mma<T, kDim>(af[k], wgmma::kmajor_desc(vdd_tile, 16 * k), s_acc);
+        wgmma::mma_b_mn<T, kDim>(af[k], wgmma::mnmajor_desc(vdd_tile, 16 * k), s_acc);
       wgmma::commit_and_wait(s_acc);
     }
     store_state_copy();  // every warp has finished reading S (step 4)
