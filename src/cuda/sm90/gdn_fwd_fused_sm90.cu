@@ -393,43 +393,47 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     __syncthreads();
     FUSED_PHASE(5);
 
-    // --- 5. Warpgroup 1: O = scale (e^γ Q S + P Vd), written for rows < L.
-    if (!is_u) {
-      uint32_t af[4][4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) load_a(af[k], p_tile, 16 * wr, 16 * k, lane);
-      wgmma::fence(acc);
-#pragma unroll
-      for (int k = 0; k < 4; ++k)
-        wgmma::mma_b_mn<T, kDim>(af[k], wgmma::mnmajor_desc(vd_tile, 16 * k), acc);
-      wgmma::commit_and_wait(acc);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = 16 * wr + g + 8 * half;
-        if (item.write_o && i < L) {
-          T* const orow = o_base + (t0 + i) * a.o_st;
-#pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * t4) =
-                M::pack(a.scale * acc[4 * j + 2 * half], a.scale * acc[4 * j + 2 * half + 1]);
-          }
-        }
-      }
-    }
-
-    // --- 6. S = e^{γ_C} S + Kᵀ (Vd ⊙ e^{γ_C − γ}); warpgroup w: key rows 64 w...
+    // --- 5 and 6, one wgmma batch a warpgroup: warpgroup 1 O = scale (e^γ Q S + P Vd),
+    // written for rows < L; both S = e^{γ_C} S + Kᵀ (Vd ⊙ e^{γ_C − γ}) on key rows 64 w...
     {
       const float e_last = __expf(gamma_last);
 #pragma unroll
       for (int i = 0; i < 64; ++i) s_acc[i] *= e_last;
-      uint32_t af[4][4];
+      uint32_t kf[4][4], pf[4][4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) load_a_trans(af[k], ks, 16 * warp, 16 * k, lane);
-      wgmma::fence(s_acc);
+      for (int k = 0; k < 4; ++k) load_a_trans(kf[k], ks, 16 * warp, 16 * k, lane);
+      if (!is_u) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) load_a(pf[k], p_tile, 16 * wr, 16 * k, lane);
+        wgmma::fence_operands(acc);
+      }
+      wgmma::fence_operands(s_acc);
+      wgmma::arrive();
+      if (!is_u) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          wgmma::mma_b_mn<T, kDim>(pf[k], wgmma::mnmajor_desc(vd_tile, 16 * k), acc);
+      }
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        wgmma::mma_b_mn<T, kDim>(af[k], wgmma::mnmajor_desc(vdd_tile, 16 * k), s_acc);
-      wgmma::commit_and_wait(s_acc);
+        wgmma::mma_b_mn<T, kDim>(kf[k], wgmma::mnmajor_desc(vdd_tile, 16 * k), s_acc);
+      wgmma::commit_and_wait();
+      wgmma::fence_operands(s_acc);
+      if (!is_u) {
+        wgmma::fence_operands(acc);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 16 * wr + g + 8 * half;
+          if (item.write_o && i < L) {
+            T* const orow = o_base + (t0 + i) * a.o_st;
+#pragma unroll
+            for (int j = 0; j < 16; ++j) {
+              *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * t4) =
+                  M::pack(a.scale * acc[4 * j + 2 * half], a.scale * acc[4 * j + 2 * half + 1]);
+            }
+          }
+        }
+      }
     }
     store_state_copy();  // every warp has finished reading S (step 4)
 

@@ -87,21 +87,33 @@ __device__ __forceinline__ void mma_b_mn(const uint32_t (&a)[4], uint64_t desc_b
   mma_impl<T, N, cute::SM90::GMMA::Major::MN>(a, desc_b, d, std::make_index_sequence<N / 2>{});
 }
 
-// Register writes (accumulators, A fragments) before the first mma of a batch.
+// Keeps the compiler from moving accesses of accumulators across a batch.
 template <int R>
-__device__ __forceinline__ void fence(float (&d)[R]) {
+__device__ __forceinline__ void fence_operands(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) cute::warpgroup_fence_operand(d[i]);
-  cute::warpgroup_arrive();
 }
 
-// Issue the batch and wait for it; the accumulators are readable afterwards.
+// Register writes (accumulators, A fragments) before the first mma of a batch.
+__device__ __forceinline__ void arrive() { cute::warpgroup_arrive(); }
+
 template <int R>
-__device__ __forceinline__ void commit_and_wait(float (&d)[R]) {
+__device__ __forceinline__ void fence(float (&d)[R]) {
+  fence_operands(d);
+  arrive();
+}
+
+// Issue the batch and wait for it; fence the accumulators of every mma in it
+// (fence_operands) before reading them.
+__device__ __forceinline__ void commit_and_wait() {
   cute::warpgroup_commit_batch();
   cute::warpgroup_wait<0>();
-#pragma unroll
-  for (int i = 0; i < R; ++i) cute::warpgroup_fence_operand(d[i]);
+}
+
+template <int R>
+__device__ __forceinline__ void commit_and_wait(float (&d)[R]) {
+  commit_and_wait();
+  fence_operands(d);
 }
 
 // Generic-proxy shared-memory writes made visible to wgmma (before a barrier).
