@@ -185,6 +185,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     const int64_t t0 = bos + c * kChunk;
     const int L = int(min64(kChunk, eos - t0));
     mma::cp_async_wait_all();
+    wgmma::fence_shared_for_async();  // the K and V tiles are wgmma operands
     __syncthreads();
     FUSED_PHASE(0);
 
@@ -215,6 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 #pragma unroll
         for (int e = 0; e < 4; ++e) rowp[e] = T(x[e] * rs);
       }
+      wgmma::fence_shared_for_async();
       __syncthreads();
     }
 
@@ -260,8 +262,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     FUSED_PHASE(1);
 
     // --- 2. T = (I + A)⁻¹: the four 16x16 diagonal blocks by forward substitution
-    // (lane = column), then the off-diagonal blocks by distance from the diagonal,
-    // T_ij = −T_ii Σ_{k=j}^{i−1} A_ik T_kj.
+    // (lane = column) in fp32, then the blocks below the diagonal in tf32.
     if (warp < 4 && lane < 16) {
       const int b0 = 16 * warp;
       float x[16];
