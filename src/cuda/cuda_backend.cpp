@@ -159,7 +159,9 @@ PiecePlan plan_pieces(const Problem& pr, const ForwardArgs& args) {
   const int64_t longest = (pr.T + kChunkTokens - 1) / kChunkTokens;  // chunks of the longest possible sequence
   // A bound on the chunks of all sequences together (varlen: partial last chunks).
   const int64_t total = pr.varlen ? longest + pr.N : pr.N * longest;
-  int64_t chunks = std::max(kMinPieceChunks, (total * pr.HV + sms - 1) / sms);
+  // The partial pass runs two CTAs per piece (end state and transition): size the
+  // pieces so that it fits in one wave of CTAs, which leaves the output pass half a wave.
+  int64_t chunks = std::max(kMinPieceChunks, (2 * total * pr.HV + sms - 1) / sms);
   chunks = std::max<int64_t>(1, env_int("FLASHQLA_PIECE_CHUNKS", chunks));
   if (chunks >= longest) return {};  // no sequence can be cut
   // Σ max(1, ⌈c_n / chunks⌉) <= ⌈Σ c_n / chunks⌉ + N.
