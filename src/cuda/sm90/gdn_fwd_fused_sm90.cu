@@ -12,35 +12,63 @@ namespace {
 using mma::load_a;
 using mma::load_a_trans;
 
-constexpr int kChunk = 64;     // tokens per chunk
-constexpr int kDim = 128;      // K = V
-constexpr int kThreads = 256;  // 8 warps
+constexpr int kChunk = 64;  // tokens per chunk
+constexpr int kDim = 128;   // K = V
+// Warpgroups 0 and 1 run the state chain of chunk c; warpgroup 2 loads chunk
+// c + 1 and computes its A and T = (I + A)⁻¹ meanwhile (the state-independent
+// part that is not a large GEMM). Registers move to the state warpgroups.
+constexpr int kStateThreads = 256;
+constexpr int kProducerThreads = 128;
+constexpr int kThreads = kStateThreads + kProducerThreads;
+constexpr int kStateRegisters = 200, kProducerRegisters = 104;
+static_assert(kStateThreads * kStateRegisters + kProducerThreads * kProducerRegisters <= 65536, "register file");
 constexpr int kLdF = kChunk + 4;  // row stride of fp32 [64][64] tiles
 
-// Shared memory (bytes). Two stages of q, k, v; one of everything else. Every
-// 16-bit tile is a core-matrix tile (mma::CoreTile: ldmatrix reads it without
-// bank conflicts, wgmma reads it through a descriptor); A and T are padded fp32.
-// r1 holds A = β (K Kᵀ ⊙ Γ) during the inverse and Vd afterwards; r2 holds
-// T = (I + A)⁻¹ during the inverse and Vd ⊙ e^{γ_C − γ} afterwards.
+// Named barriers (0 is __syncthreads): inside the state warpgroups, inside the
+// producer warpgroup, chunk ready (producer -> state, per stage) and stage free
+// (state -> producer, per stage).
+constexpr int kBarState = 1, kBarProducer = 2, kBarChunkReady = 3, kBarStageFree = 5;
+
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+template <int kRegisters>
+__device__ __forceinline__ void set_max_registers() {
+  if constexpr (kRegisters > 168) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+  } else {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+  }
+}
+
+// Shared memory (bytes). Two stages of q, k, v, of T and of the gates; one of
+// everything else. Every 16-bit tile is a core-matrix tile (mma::CoreTile:
+// ldmatrix reads it without bank conflicts, wgmma through a descriptor); A and
+// T are padded fp32. The state warpgroups scale the K tile in place to
+// K ⊙ e^{γ_C − γ} once W is computed (the state update reads it).
 using mma::CoreTile;
 constexpr int kTile16 = kChunk * kDim * 2;  // [64][128]
 constexpr int kTileF = kChunk * kLdF * 4;   // fp32 [64][68]
-static_assert(kTile16 <= kTileF, "Vd (16-bit [128][64]) fits in an fp32 64x64 slot");
 constexpr int kOffQ = 0;
 constexpr int kOffK = kOffQ + 2 * kTile16;
 constexpr int kOffV = kOffK + 2 * kTile16;
 constexpr int kOffW = kOffV + 2 * kTile16;
 constexpr int kOffS = kOffW + kTile16;
-constexpr int kOffR1 = kOffS + kDim * kDim * 2;
-constexpr int kOffR2 = kOffR1 + kTileF;
-constexpr int kOffP = kOffR2 + kTileF;
-constexpr int kOffGate = kOffP + kChunk * kChunk * 2;
+constexpr int kOffVd = kOffS + kDim * kDim * 2;
+constexpr int kOffP = kOffVd + kTile16;
+constexpr int kOffA = kOffP + kChunk * kChunk * 2;
+constexpr int kOffT = kOffA + kTileF;
+constexpr int kOffGate = kOffT + 2 * kTileF;
 constexpr int kSmemBytes = kOffGate + 4 * kChunk * 4;
-static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits in r1");
+static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
+static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits in A");
 
 // Phase timing for kernel development: build with -DFLASHQLA_FUSED_PROFILE
-// (benchmarks/tools/fused_phase_profile.cu); CTA 0 prints the cycles spent
-// between its barriers, summed over the chunk loop.
+// (benchmarks/tools/fused_phase_profile.cu); CTA 0's first thread (a state
+// warp) prints the cycles between its barriers, summed over the chunk loop.
 #ifdef FLASHQLA_FUSED_PROFILE
 #define FUSED_PHASE(i)                                              \
   do {                                                              \
@@ -63,90 +91,196 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   T* const sm_v = reinterpret_cast<T*>(smem + kOffV);
   const CoreTile<T, kDim> w_tile{reinterpret_cast<T*>(smem + kOffW)};  // −W, [64 tokens][128 keys]
   // B operands read MN-major (rows = the reduction, columns = values): S's copy
-  // [128 keys][128 values], Vd and Vd ⊙ e^{γ_C − γ} [64 tokens][128 values].
+  // [128 keys][128 values], Vd [64 tokens][128 values].
   const CoreTile<T, kDim> s_copy{reinterpret_cast<T*>(smem + kOffS)};
-  const CoreTile<T, kDim> vd_tile{reinterpret_cast<T*>(smem + kOffR1)};
-  const CoreTile<T, kDim> vdd_tile{reinterpret_cast<T*>(smem + kOffR2)};
-  float* const sm_a = reinterpret_cast<float*>(smem + kOffR1);  // A, [64][kLdF]
-  float* const sm_t = reinterpret_cast<float*>(smem + kOffR2);  // T, [64][kLdF]
+  const CoreTile<T, kDim> vd_tile{reinterpret_cast<T*>(smem + kOffVd)};
   const CoreTile<T, kChunk> p_tile{reinterpret_cast<T*>(smem + kOffP)};  // P = Q Kᵀ ⊙ Γ, [64][64]
-  float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);  // [2][64]
-  float* const sm_beta = sm_gamma + 2 * kChunk;                        // [2][64]
+  float* const sm_a = reinterpret_cast<float*>(smem + kOffA);            // A, [64][kLdF] (producer)
+  float* const sm_t = reinterpret_cast<float*>(smem + kOffT);            // T, [2][64][kLdF]
+  float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);     // [2][64]
+  float* const sm_beta = sm_gamma + 2 * kChunk;                          // [2][64]
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
 
   static_assert(kWorkItemChunk == kChunk, "work items count chunks of the kernel's size");
-  const WorkItem item = resolve_work_item(a, blockIdx.x, reinterpret_cast<int64_t*>(smem + kOffR1));
+  const WorkItem item = resolve_work_item(a, blockIdx.x, reinterpret_cast<int64_t*>(smem + kOffA));
   if (!item.valid) return;
   const int64_t hv = item.hv, h = hv / a.group;
   const int64_t row = item.seq.row, eos = item.seq.eos;
   const int64_t bos = item.seq.bos + item.chunk_begin * kChunk;  // the item's first token
   const int64_t n_chunks = item.chunk_end - item.chunk_begin;
-
-  const T* const q_base = static_cast<const T*>(a.q) + row * a.q_sb + h * a.q_sh;
-  const T* const k_base = static_cast<const T*>(a.k) + row * a.k_sb + h * a.k_sh;
-  const T* const v_base = static_cast<const T*>(a.v) + row * a.v_sb + hv * a.v_sh;
-  T* const o_base = static_cast<T*>(a.o) + row * a.o_sb + hv * a.o_sh;
-
-  // cp.async of one chunk's q, k, v rows into a stage; rows >= L are zero.
-  // Thread: 16-byte segment tid % 16 of rows tid / 16 + 16 m (m < 4) of each tile.
-  constexpr int kSegs = kDim / 8;
-  static_assert(kThreads % kSegs == 0 && kChunk % (kThreads / kSegs) == 0, "copy tiling");
-  constexpr int kRowStep = kThreads / kSegs;
-  const int copy_row = tid / kSegs, copy_seg = (tid % kSegs) * 8;
-  auto copy_tile = [&](CoreTile<T, kDim> dst, const T* base, int64_t stride, int64_t t0, int L) {
-    const T* src = base + (t0 + copy_row) * stride + copy_seg;
-#pragma unroll
-    for (int m = 0; m < kChunk / kRowStep; ++m) {
-      const int r = copy_row + m * kRowStep;
-      // Rows past L copy nothing (zero fill) from a valid address.
-      mma::cp_async_16(dst.at(r, copy_seg), r < L ? src + m * kRowStep * stride : base + t0 * stride,
-                       r < L ? 16 : 0);
-    }
-  };
   auto stage_tile = [&](T* tiles, int stage) { return CoreTile<T, kDim>{tiles + stage * kChunk * kDim}; };
-  auto load_chunk = [&](int stage, int64_t t0, int L) {
-    copy_tile(stage_tile(sm_q, stage), q_base, a.q_st, t0, L);
-    copy_tile(stage_tile(sm_k, stage), k_base, a.k_st, t0, L);
-    copy_tile(stage_tile(sm_v, stage), v_base, a.v_st, t0, item.read_v ? L : 0);
-    mma::cp_async_commit();
-  };
-  // Warp 0 issues the loads of one chunk's gate and beta (lane: rows 2 lane,
-  // 2 lane + 1) as raw bits, so nothing waits on them until the chunk ends...
-  auto load_gate = [&](int64_t t0, int L, uint32_t (&gr)[2], uint32_t (&br)[2]) {
+  auto chunk_rows = [&](int64_t c) { return int(min64(kChunk, eos - bos - c * kChunk)); };
+
+  if (warp >= kStateThreads / 32) {
+    // ===== Producer warpgroup: loads, gates, A and T of each chunk, one ahead. =====
+    set_max_registers<kProducerRegisters>();
+    const int ptid = tid - kStateThreads, pwarp = warp - kStateThreads / 32;
+    const T* const q_base = static_cast<const T*>(a.q) + row * a.q_sb + h * a.q_sh;
+    const T* const k_base = static_cast<const T*>(a.k) + row * a.k_sb + h * a.k_sh;
+    const T* const v_base = static_cast<const T*>(a.v) + row * a.v_sb + hv * a.v_sh;
+    // cp.async of one tile: thread = 16-byte segment ptid % 16 of rows ptid / 16 + 8 m.
+    constexpr int kSegs = kDim / 8, kRowStep = kProducerThreads / kSegs;
+    const int copy_row = ptid / kSegs, copy_seg = (ptid % kSegs) * 8;
+    auto copy_tile = [&](CoreTile<T, kDim> dst, const T* base, int64_t stride, int64_t t0, int L) {
+      const T* src = base + (t0 + copy_row) * stride + copy_seg;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int r = 2 * lane + j;
-      const int64_t t = t0 + (r < L ? r : 0);
-      gr[j] = load_raw(a.g, a.g_dtype, row * a.g_sb + t * a.g_st + hv);
-      br[j] = load_raw(a.beta, a.beta_dtype, row * a.beta_sb + t * a.beta_st + hv);
-    }
-  };
-  // ...then stores γ (the inclusive in-chunk cumsum of g) and the activated beta
-  // to a stage; rows >= L get g = 0 and beta = 0.
-  auto store_gate = [&](int stage, int L, const uint32_t (&graw)[2], const uint32_t (&braw)[2]) {
-    float gr[2], br[2];
+      for (int m = 0; m < kChunk / kRowStep; ++m) {
+        const int r = copy_row + m * kRowStep;
+        // Rows past L copy nothing (zero fill) from a valid address.
+        mma::cp_async_16(dst.at(r, copy_seg), r < L ? src + m * kRowStep * stride : base + t0 * stride,
+                         r < L ? 16 : 0);
+      }
+    };
+    for (int64_t c = 0; c < n_chunks + 2; ++c) {
+      const int stage = int(c & 1);
+      // The state warpgroups release a stage when they finish its chunk.
+      if (c >= 2) named_sync(kBarStageFree + stage, kThreads);
+      if (c >= n_chunks) continue;
+      const int64_t t0 = bos + c * kChunk;
+      const int L = chunk_rows(c);
+      const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = stage_tile(sm_k, stage);
+      copy_tile(ks, k_base, a.k_st, t0, L);  // K first: A needs it
+      copy_tile(qs, q_base, a.q_st, t0, L);
+      copy_tile(stage_tile(sm_v, stage), v_base, a.v_st, t0, item.read_v ? L : 0);
+      mma::cp_async_commit();
+      float* const gam = sm_gamma + stage * kChunk;
+      float* const bet = sm_beta + stage * kChunk;
+      if (pwarp == 0) {  // γ = inclusive in-chunk cumsum of g; rows >= L: g = 0, beta = 0
+        float gr[2], br[2];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const bool in = 2 * lane + j < L;
-      gr[j] = in ? raw_to_float(graw[j], a.g_dtype) : 0.f;
-      br[j] = in ? activate_beta(raw_to_float(braw[j], a.beta_dtype), a.beta_activation) : 0.f;
-    }
-    const float pair = gr[0] + gr[1];
-    float incl = pair;
+        for (int j = 0; j < 2; ++j) {
+          const int r = 2 * lane + j;
+          const int64_t t = t0 + r;
+          gr[j] = r < L ? load_float(a.g, a.g_dtype, row * a.g_sb + t * a.g_st + hv) : 0.f;
+          br[j] = r < L ? activate_beta(load_float(a.beta, a.beta_dtype, row * a.beta_sb + t * a.beta_st + hv),
+                                        a.beta_activation)
+                        : 0.f;
+        }
+        const float pair = gr[0] + gr[1];
+        float incl = pair;
 #pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const float y = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += y;
+        for (int off = 1; off < 32; off *= 2) {
+          const float y = __shfl_up_sync(0xffffffffu, incl, off);
+          if (lane >= off) incl += y;
+        }
+        gam[2 * lane] = incl - pair + gr[0];
+        gam[2 * lane + 1] = incl;
+        bet[2 * lane] = br[0];
+        bet[2 * lane + 1] = br[1];
+      }
+      mma::cp_async_wait_all();
+      wgmma::fence_shared_for_async();  // the K and V tiles are wgmma operands
+      named_sync(kBarProducer, kProducerThreads);
+      if (a.use_qk_l2norm) {  // x · rsqrt(Σx² + 1e-6) per row of q and k; warp: 32 rows, lane: 4 columns
+        for (int rr = 0; rr < 32; ++rr) {
+          const int r = pwarp * 32 + rr;
+          T* rowp = r < kChunk ? qs.at(r, 4 * lane) : ks.at(r - kChunk, 4 * lane);
+          float x[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) x[e] = float(rowp[e]);
+          float ss = x[0] * x[0] + x[1] * x[1] + x[2] * x[2] + x[3] * x[3];
+#pragma unroll
+          for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+          const float rs = rsqrtf(ss + 1e-6f);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) rowp[e] = T(x[e] * rs);
+        }
+        wgmma::fence_shared_for_async();
+        named_sync(kBarProducer, kProducerThreads);
+      }
+
+      // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32 (wgmma m64n64, B = the K tile K-major).
+      {
+        float acc[kChunk / 2];
+#pragma unroll
+        for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
+        uint32_t af[kDim / 16][4];
+#pragma unroll
+        for (int k = 0; k < kDim / 16; ++k) load_a(af[k], ks, 16 * pwarp, 16 * k, lane);
+        wgmma::fence(acc);
+#pragma unroll
+        for (int k = 0; k < kDim / 16; ++k) wgmma::mma<T, kChunk>(af[k], wgmma::kmajor_desc(ks, 16 * k), acc);
+        wgmma::commit_and_wait(acc);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 16 * pwarp + g + 8 * half;
+          const float gi = gam[i], bi = bet[i];
+#pragma unroll
+          for (int j = 0; j < kChunk / 8; ++j) {
+            const int col = 8 * j + 2 * t4;
+            float x[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int jj = col + e;
+              x[e] = jj < i ? bi * acc[4 * j + 2 * half + e] * __expf(gi - gam[jj]) : 0.f;
+            }
+            *reinterpret_cast<float2*>(sm_a + i * kLdF + col) = make_float2(x[0], x[1]);
+          }
+        }
+      }
+      named_sync(kBarProducer, kProducerThreads);
+
+      // T = (I + A)⁻¹: the four 16x16 diagonal blocks by forward substitution
+      // (warp = block, lane = column) in fp32...
+      float* const tt = sm_t + stage * kChunk * kLdF;
+      if (lane < 16) {
+        const int b0 = 16 * pwarp;
+        float x[16];
+#pragma unroll
+        for (int r = 0; r < 16; ++r) {
+          float acc0 = r == lane ? 1.f : 0.f, acc1 = 0.f;
+          const float* arow = sm_a + (b0 + r) * kLdF + b0;
+#pragma unroll
+          for (int m = 0; m < r; ++m) {
+            if (m & 1) {
+              acc1 -= arow[m] * x[m];
+            } else {
+              acc0 -= arow[m] * x[m];
+            }
+          }
+          x[r] = acc0 + acc1;
+        }
+#pragma unroll
+        for (int r = 0; r < 16; ++r) tt[(b0 + r) * kLdF + b0 + lane] = x[r];
+      }
+      named_sync(kBarProducer, kProducerThreads);
+      // ...then M_ik = T_ii A_ik for the six blocks below the diagonal, in place of
+      // A_ik (warp w: blocks w and w + 4 of (1,0) (2,1) (3,2) (2,0) (3,1) (3,0))...
+      for (int b = pwarp; b < 6; b += 4) {
+        const int i = b < 3 ? b + 1 : (b < 5 ? b - 1 : 3), k = b < 3 ? b : (b < 5 ? b - 3 : 0);
+        float m[2][4] = {};
+        mma::mma_tf32_16x16x16(m, tt + 16 * i * kLdF + 16 * i, kLdF, sm_a + 16 * i * kLdF + 16 * k, kLdF, lane);
+        __syncwarp();
+        mma::store_c_16x16(sm_a + 16 * i * kLdF + 16 * k, kLdF, m, 1.f, lane);
+      }
+      named_sync(kBarProducer, kProducerThreads);
+      // ...and T_ij = −Σ_{k=j}^{i−1} M_ik T_kj down each column block j (warp j < 3),
+      // in tf32.
+      if (pwarp < 3) {
+        const int j = pwarp;
+        for (int i = j + 1; i < 4; ++i) {
+          float acc[2][4] = {};
+          for (int k = j; k < i; ++k)
+            mma::mma_tf32_16x16x16(acc, sm_a + 16 * i * kLdF + 16 * k, kLdF, tt + 16 * k * kLdF + 16 * j, kLdF, lane);
+          mma::store_c_16x16(tt + 16 * i * kLdF + 16 * j, kLdF, acc, -1.f, lane);
+          __syncwarp();
+        }
+      }
+      // The chunk is ready: its q, k, v, gates and T.
+      named_arrive(kBarChunkReady + stage, kThreads);
+      // The next chunk overwrites A only after every warp is past the column walk.
+      named_sync(kBarProducer, kProducerThreads);
     }
-    float* gam = sm_gamma + stage * kChunk;
-    float* bet = sm_beta + stage * kChunk;
-    gam[2 * lane] = incl - pair + gr[0];
-    gam[2 * lane + 1] = incl;
-    bet[2 * lane] = br[0];
-    bet[2 * lane + 1] = br[1];
-  };
+    return;
+  }
+
+  // ===== State warpgroups: the chain of S through the chunks. =====
+  set_max_registers<kStateRegisters>();
+  const int wr = warp & 3;
+  const bool is_u = warp < 4;  // warpgroup 0 (U, then Vd) or 1 (P and W, then O)
+  T* const o_base = static_cast<T*>(a.o) + row * a.o_sb + hv * a.o_sh;
 
   // The state in the wgmma accumulator layout: s_acc[4 j + e] is key row
   // 16 warp + g + 8 (e / 2), value column 8 j + 2 t4 + e % 2 (warpgroup w: keys 64 w..).
@@ -167,158 +301,24 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   };
   store_state_copy();
 
-  if (n_chunks > 0) {
-    const int L0 = int(min64(kChunk, eos - bos));
-    load_chunk(0, bos, L0);
-    if (warp == 0) {
-      uint32_t gr[2], br[2];
-      load_gate(bos, L0, gr, br);
-      store_gate(0, L0, gr, br);
-    }
-  }
-
 #ifdef FLASHQLA_FUSED_PROFILE
-  long long phase_cycles[8] = {}, phase_start = clock64();
+  long long phase_cycles[4] = {}, phase_start = clock64();
 #endif
   for (int64_t c = 0; c < n_chunks; ++c) {
     const int stage = int(c & 1);
     const int64_t t0 = bos + c * kChunk;
-    const int L = int(min64(kChunk, eos - t0));
-    mma::cp_async_wait_all();
-    wgmma::fence_shared_for_async();  // the K and V tiles are wgmma operands
-    __syncthreads();
+    const int L = chunk_rows(c);
+    named_sync(kBarChunkReady + stage, kThreads);
     FUSED_PHASE(0);
-
-    // Prefetch the next chunk while this one computes.
-    const bool has_next = c + 1 < n_chunks;
-    uint32_t next_g[2] = {0u, 0u}, next_b[2] = {0u, 0u};
-    const int L_next = has_next ? int(min64(kChunk, eos - t0 - kChunk)) : 0;
-    if (has_next) {
-      load_chunk(stage ^ 1, t0 + kChunk, L_next);
-      if (warp == 0) load_gate(t0 + kChunk, L_next, next_g, next_b);
-    }
-
     const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = stage_tile(sm_k, stage), vs = stage_tile(sm_v, stage);
     const float* const gam = sm_gamma + stage * kChunk;
     const float* const bet = sm_beta + stage * kChunk;
+    const float* const tt = sm_t + stage * kChunk * kLdF;
+    const float gamma_last = gam[kChunk - 1];  // rows >= L repeat γ_{L−1}
 
-    if (a.use_qk_l2norm) {  // x · rsqrt(Σx² + 1e-6) per row of q and k; warp: 16 rows, lane: 4 columns
-      for (int rr = 0; rr < 16; ++rr) {
-        const int r = warp * 16 + rr;
-        T* rowp = r < kChunk ? qs.at(r, 4 * lane) : ks.at(r - kChunk, 4 * lane);
-        float x[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) x[e] = float(rowp[e]);
-        float ss = x[0] * x[0] + x[1] * x[1] + x[2] * x[2] + x[3] * x[3];
-#pragma unroll
-        for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-        const float rs = rsqrtf(ss + 1e-6f);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) rowp[e] = T(x[e] * rs);
-      }
-      wgmma::fence_shared_for_async();
-      __syncthreads();
-    }
-
-    // --- 1. wgmma, B = K: warpgroup 0 A = β (K Kᵀ ⊙ Γ) strictly lower (fp32, for
-    // the inverse), warpgroup 1 P = Q Kᵀ ⊙ Γ lower (16-bit; zeros above the diagonal).
-    const int wr = warp & 3;
-    const bool is_u = warp < 4;  // warpgroup 0 (A, then U and Vd) or 1 (P, then W and O)
-    {
-      float acc[kChunk / 2];
-#pragma unroll
-      for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
-      uint32_t af[kDim / 16][4];
-#pragma unroll
-      for (int k = 0; k < kDim / 16; ++k) load_a(af[k], is_u ? ks : qs, 16 * wr, 16 * k, lane);
-      wgmma::fence(acc);
-#pragma unroll
-      for (int k = 0; k < kDim / 16; ++k) wgmma::mma<T, kChunk>(af[k], wgmma::kmajor_desc(ks, 16 * k), acc);
-      wgmma::commit_and_wait(acc);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = 16 * wr + g + 8 * half;
-        const float gi = gam[i], bi = bet[i];
-#pragma unroll
-        for (int j = 0; j < kChunk / 8; ++j) {
-          const int col = 8 * j + 2 * t4;
-          float x[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int jj = col + e;
-            const float decay = jj <= i ? __expf(gi - gam[jj]) : 0.f;
-            const float v = acc[4 * j + 2 * half + e];
-            x[e] = is_u ? (jj < i ? bi * v * decay : 0.f) : v * decay;
-          }
-          if (is_u) {
-            *reinterpret_cast<float2*>(sm_a + i * kLdF + col) = make_float2(x[0], x[1]);
-          } else {
-            *reinterpret_cast<uint32_t*>(p_tile.at(i, col)) = M::pack(x[0], x[1]);
-          }
-        }
-      }
-    }
-    __syncthreads();
-    FUSED_PHASE(1);
-
-    // --- 2. T = (I + A)⁻¹: the four 16x16 diagonal blocks by forward substitution
-    // (lane = column) in fp32, then the blocks below the diagonal in tf32.
-    if (warp < 4 && lane < 16) {
-      const int b0 = 16 * warp;
-      float x[16];
-#pragma unroll
-      for (int r = 0; r < 16; ++r) {
-        float acc0 = r == lane ? 1.f : 0.f, acc1 = 0.f;
-        const float* arow = sm_a + (b0 + r) * kLdF + b0;
-#pragma unroll
-        for (int m = 0; m < r; ++m) {
-          if (m & 1) {
-            acc1 -= arow[m] * x[m];
-          } else {
-            acc0 -= arow[m] * x[m];
-          }
-        }
-        x[r] = acc0 + acc1;
-      }
-#pragma unroll
-      for (int r = 0; r < 16; ++r) sm_t[(b0 + r) * kLdF + b0 + lane] = x[r];
-    }
-    __syncthreads();
-    FUSED_PHASE(2);
-    // M_ik = T_ii A_ik for the six blocks below the diagonal (one warp each),
-    // in place of A_ik; then T_ij = −Σ_{k=j}^{i−1} M_ik T_kj. Column block j
-    // (warp j < 3) needs only M and its own earlier blocks, so each warp walks
-    // its column without CTA barriers.
-    if (warp < 6) {
-      // warps 0-2: (1,0) (2,1) (3,2); 3-4: (2,0) (3,1); 5: (3,0)
-      const int i = warp < 3 ? warp + 1 : (warp < 5 ? warp - 1 : 3), k = warp < 3 ? warp : (warp < 5 ? warp - 3 : 0);
-      float m[2][4] = {};
-      mma::mma_tf32_16x16x16(m, sm_t + 16 * i * kLdF + 16 * i, kLdF, sm_a + 16 * i * kLdF + 16 * k, kLdF, lane);
-      __syncwarp();
-      mma::store_c_16x16(sm_a + 16 * i * kLdF + 16 * k, kLdF, m, 1.f, lane);
-    }
-    __syncthreads();
-    if (warp < 3) {
-      const int j = warp;
-      for (int i = j + 1; i < 4; ++i) {
-        float acc[2][4] = {};
-        for (int k = j; k < i; ++k)
-          mma::mma_tf32_16x16x16(acc, sm_a + 16 * i * kLdF + 16 * k, kLdF, sm_t + 16 * k * kLdF + 16 * j, kLdF, lane);
-        mma::store_c_16x16(sm_t + 16 * i * kLdF + 16 * j, kLdF, acc, -1.f, lane);
-        __syncwarp();
-      }
-    }
-    __syncthreads();
-    FUSED_PHASE(3);
-
-    // --- 3. wgmma, B = V or K read MN-major (K = tokens): warpgroup 0 U = T diag(β) V,
-    // kept as step 4's accumulator; warpgroup 1 −W = −T diag(β e^γ) K, to shared memory.
-    // A = T's rows 16 wr.. in 16-bit, scaled by column; blocks above the diagonal are zero.
-    float acc[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-    {
-      uint32_t af[kChunk / 16][4];
+    // T's rows 16 wr.. in 16-bit, scaled by column (β, or β e^γ), as A fragments
+    // over the four token blocks; blocks above the diagonal are zero.
+    auto t_fragments = [&](uint32_t (&af)[kChunk / 16][4], bool with_gate) {
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
         if (kb > wr) {
@@ -326,14 +326,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
           continue;
         }
         const int c0 = 16 * kb + 2 * t4;
-        const float* t_lo = sm_t + (16 * wr + g) * kLdF + c0;
+        const float* t_lo = tt + (16 * wr + g) * kLdF + c0;
         const float* t_hi = t_lo + 8 * kLdF;
         const float2 x00 = *reinterpret_cast<const float2*>(t_lo);
         const float2 x01 = *reinterpret_cast<const float2*>(t_lo + 8);
         const float2 x10 = *reinterpret_cast<const float2*>(t_hi);
         const float2 x11 = *reinterpret_cast<const float2*>(t_hi + 8);
         float sc[4] = {bet[c0], bet[c0 + 1], bet[c0 + 8], bet[c0 + 9]};
-        if (!is_u) {
+        if (with_gate) {
           sc[0] *= __expf(gam[c0]), sc[1] *= __expf(gam[c0 + 1]);
           sc[2] *= __expf(gam[c0 + 8]), sc[3] *= __expf(gam[c0 + 9]);
         }
@@ -342,14 +342,58 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         af[kb][2] = M::pack(x01.x * sc[2], x01.y * sc[3]);
         af[kb][3] = M::pack(x11.x * sc[2], x11.y * sc[3]);
       }
-      const CoreTile<T, kDim> b_tile = is_u ? vs : ks;
+    };
+
+    // --- 1. Warpgroup 0: U = T diag(β) V (wgmma, B = V read MN-major), kept as
+    // step 2's accumulator. Warpgroup 1: P = Q Kᵀ ⊙ Γ lower (B = K, K-major), then
+    // −W = −T diag(β e^γ) K (B = K, MN-major), both to shared memory.
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    if (is_u) {
+      uint32_t af[kChunk / 16][4];
+      t_fragments(af, false);
       wgmma::fence(acc);
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb)
-        wgmma::mma_b_mn<T, kDim>(af[kb], wgmma::mnmajor_desc(b_tile, 16 * kb), acc);
+        wgmma::mma_b_mn<T, kDim>(af[kb], wgmma::mnmajor_desc(vs, 16 * kb), acc);
       wgmma::commit_and_wait(acc);
-    }
-    if (!is_u) {
+    } else {
+      {
+        float pacc[kChunk / 2];
+#pragma unroll
+        for (int i = 0; i < kChunk / 2; ++i) pacc[i] = 0.f;
+        uint32_t af[kDim / 16][4];
+#pragma unroll
+        for (int k = 0; k < kDim / 16; ++k) load_a(af[k], qs, 16 * wr, 16 * k, lane);
+        wgmma::fence(pacc);
+#pragma unroll
+        for (int k = 0; k < kDim / 16; ++k) wgmma::mma<T, kChunk>(af[k], wgmma::kmajor_desc(ks, 16 * k), pacc);
+        wgmma::commit_and_wait(pacc);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 16 * wr + g + 8 * half;
+          const float gi = gam[i];
+#pragma unroll
+          for (int j = 0; j < kChunk / 8; ++j) {
+            const int col = 8 * j + 2 * t4;
+            float x[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const int jj = col + e;
+              x[e] = jj <= i ? pacc[4 * j + 2 * half + e] * __expf(gi - gam[jj]) : 0.f;
+            }
+            *reinterpret_cast<uint32_t*>(p_tile.at(i, col)) = M::pack(x[0], x[1]);
+          }
+        }
+      }
+      uint32_t af[kChunk / 16][4];
+      t_fragments(af, true);
+      wgmma::fence(acc);
+#pragma unroll
+      for (int kb = 0; kb < kChunk / 16; ++kb)
+        wgmma::mma_b_mn<T, kDim>(af[kb], wgmma::mnmajor_desc(ks, 16 * kb), acc);
+      wgmma::commit_and_wait(acc);
 #pragma unroll
       for (int j = 0; j < 16; ++j) {
         const int i = 16 * wr + g, col = 8 * j + 2 * t4;
@@ -358,10 +402,23 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.f;
       }
     }
-    __syncthreads();
-    FUSED_PHASE(4);
+    named_sync(kBarState, kStateThreads);
+    FUSED_PHASE(1);
 
-    // --- 4. wgmma, B = S: warpgroup 0 Vd = U − W S, warpgroup 1 Q S.
+    // K -> K ⊙ e^{γ_C − γ} in place (the state update's A operand; nothing reads K
+    // unscaled any more): thread = row tid / 4, 32 columns.
+    {
+      const int r = tid >> 2, c0 = (tid & 3) * 32;
+      const float decay = __expf(gamma_last - gam[r]);
+#pragma unroll
+      for (int cc = 0; cc < 32; cc += 8) {
+        T* p = ks.at(r, c0 + cc);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) p[e] = T(float(p[e]) * decay);
+      }
+    }
+
+    // --- 2. wgmma, B = S: warpgroup 0 Vd = U − W S, warpgroup 1 Q S.
     {
       uint32_t af[8][4];
 #pragma unroll
@@ -372,18 +429,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         wgmma::mma_b_mn<T, kDim>(af[k], wgmma::mnmajor_desc(s_copy, 16 * k), acc);
       wgmma::commit_and_wait(acc);
     }
-    const float gamma_last = gam[kChunk - 1];  // rows >= L repeat γ_{L−1}
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int i = 16 * wr + g + 8 * half;
-      if (is_u) {  // Vd and Vd ⊙ e^{γ_C − γ}: B operands (K = tokens) of steps 5 and 6
-        const float decay = __expf(gamma_last - gam[i]);
+      if (is_u) {  // Vd: the B operand (K = tokens) of step 3
 #pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          const float v0 = acc[4 * j + 2 * half], v1 = acc[4 * j + 2 * half + 1];
-          *reinterpret_cast<uint32_t*>(vd_tile.at(i, 8 * j + 2 * t4)) = M::pack(v0, v1);
-          *reinterpret_cast<uint32_t*>(vdd_tile.at(i, 8 * j + 2 * t4)) = M::pack(decay * v0, decay * v1);
-        }
+        for (int j = 0; j < 16; ++j)
+          *reinterpret_cast<uint32_t*>(vd_tile.at(i, 8 * j + 2 * t4)) =
+              M::pack(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
       } else {
         const float eg = __expf(gam[i]);
 #pragma unroll
@@ -391,11 +444,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       }
     }
     if (is_u) wgmma::fence_shared_for_async();
-    __syncthreads();
-    FUSED_PHASE(5);
+    named_sync(kBarState, kStateThreads);
+    FUSED_PHASE(2);
 
-    // --- 5 and 6, one wgmma batch a warpgroup: warpgroup 1 O = scale (e^γ Q S + P Vd),
-    // written for rows < L; both S = e^{γ_C} S + Kᵀ (Vd ⊙ e^{γ_C − γ}) on key rows 64 w...
+    // --- 3. One wgmma batch a warpgroup: warpgroup 1 O = scale (e^γ Q S + P Vd),
+    // written for rows < L; both S = e^{γ_C} S + (K ⊙ e^{γ_C − γ})ᵀ Vd on key rows 64 w...
     {
       const float e_last = __expf(gamma_last);
 #pragma unroll
@@ -417,9 +470,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       }
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        wgmma::mma_b_mn<T, kDim>(kf[k], wgmma::mnmajor_desc(vdd_tile, 16 * k), s_acc);
+        wgmma::mma_b_mn<T, kDim>(kf[k], wgmma::mnmajor_desc(vd_tile, 16 * k), s_acc);
       wgmma::commit_and_wait();
       wgmma::fence_operands(s_acc);
+      // This stage (q, k, v, gates, T) is no longer read: the producer may refill it.
+      named_arrive(kBarStageFree + stage, kThreads);
       if (!is_u) {
         wgmma::fence_operands(acc);
 #pragma unroll
@@ -436,18 +491,17 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         }
       }
     }
-    store_state_copy();  // every warp has finished reading S (step 4)
-
-    if (has_next && warp == 0) store_gate(stage ^ 1, L_next, next_g, next_b);
-    FUSED_PHASE(6);
+    // Every state warp finished reading S's copy in step 2; the next chunk's
+    // ready barrier orders these writes before its step 2.
+    store_state_copy();
+    FUSED_PHASE(3);
   }
 #ifdef FLASHQLA_FUSED_PROFILE
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    printf("fused phases (cycles per chunk over %lld chunks): wait %lld | A,P %lld | diag inv %lld | offdiag inv %lld"
-           " | W,U %lld | Vd,QS %lld | O,state %lld\n",
+  if (blockIdx.x == 0 && threadIdx.x == 0 && n_chunks > 0) {
+    printf("fused phases (state warpgroups, cycles per chunk over %lld chunks): wait for the producer %lld | "
+           "U, P, W %lld | Vd, QS %lld | O, state %lld\n",
            (long long)n_chunks, phase_cycles[0] / n_chunks, phase_cycles[1] / n_chunks, phase_cycles[2] / n_chunks,
-           phase_cycles[3] / n_chunks, phase_cycles[4] / n_chunks, phase_cycles[5] / n_chunks,
-           phase_cycles[6] / n_chunks);
+           phase_cycles[3] / n_chunks);
   }
 #endif
 

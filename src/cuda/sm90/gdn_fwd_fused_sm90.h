@@ -1,9 +1,10 @@
 // The tensor-core forward for K = V = 128 with bf16 / fp16 tokens: one CTA per
-// (sequence, value head) work item, longest sequences first, the state held in
-// fp32 registers across the chunk loop, every GEMM of a chunk on wgmma (two
-// warpgroups) but the inverse's small blocks (mma.sync), the next chunk's
-// q/k/v streamed in by cp.async while the current one computes.
-// docs/perf.md logs its versions; docs/design.md describes the algorithm.
+// work item (a sequence, or a piece of one, and a value head; whole sequences
+// longest first). Three warpgroups: two hold the state in fp32 registers and run
+// its chain through the chunks (U, P, W, Vd = U − W S, O, the state update, all
+// on wgmma); the third loads chunk c + 1 with cp.async and computes its A and
+// T = (I + A)⁻¹ while the chain runs chunk c. docs/perf.md logs its versions;
+// docs/design.md describes the algorithm.
 #pragma once
 
 #include <cuda_runtime_api.h>
