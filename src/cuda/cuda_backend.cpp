@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "cuda/sm90/cu_seqlens_check_sm90.h"
+#include "cuda/sequence_pieces.h"
 #include "cuda/sm90/gdn_fwd_fused_sm90.h"
 #include "cuda/sm90/gdn_fwd_piece_scan_sm90.h"
 #include "cuda/sm90/gdn_fwd_simple_sm90.h"
@@ -125,22 +126,12 @@ bool use_fused_forward(const ForwardArgs& args) { return fused_forward_supports(
 
 // --- intra-card sequence parallelism (fused kernel) ----------------------------
 // With fewer (sequence, value head) chains than SMs, sequences are cut into
-// pieces of equal chunk counts (forward_args.h). Off unless
-// FLASHQLA_SEQUENCE_PARALLEL=1; FLASHQLA_PIECE_CHUNKS=n fixes the piece length
-// (for tests). The plan uses only host-known sizes (T, N, HV), never the
-// contents of cu_seqlens.
-constexpr int64_t kChunkTokens = 64;
-constexpr int64_t kMinPieceChunks = 8;
-
+// pieces (sequence_pieces.h). Off unless FLASHQLA_SEQUENCE_PARALLEL=1;
+// FLASHQLA_PIECE_CHUNKS=n fixes the piece length (for tests).
 int64_t env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::strtoll(v, nullptr, 10) : fallback;
 }
-
-struct PiecePlan {
-  int64_t chunks = 0;  // chunks per piece; 0: whole sequences
-  int64_t slots = 0;   // piece slots per value head
-};
 
 int sm_count() {
   int device = 0, sms = 0;
@@ -154,18 +145,7 @@ int sm_count() {
 
 PiecePlan plan_pieces(const Problem& pr, const ForwardArgs& args) {
   if (!use_fused_forward(args) || env_int("FLASHQLA_SEQUENCE_PARALLEL", 0) == 0) return {};
-  const int64_t sms = sm_count();
-  if (sms == 0 || pr.N * pr.HV >= sms) return {};
-  const int64_t longest = (pr.T + kChunkTokens - 1) / kChunkTokens;  // chunks of the longest possible sequence
-  // A bound on the chunks of all sequences together (varlen: partial last chunks).
-  const int64_t total = pr.varlen ? longest + pr.N : pr.N * longest;
-  // The partial pass runs two CTAs per piece (end state and transition): size the
-  // pieces so that it fits in one wave of CTAs, which leaves the output pass half a wave.
-  int64_t chunks = std::max(kMinPieceChunks, (2 * total * pr.HV + sms - 1) / sms);
-  chunks = std::max<int64_t>(1, env_int("FLASHQLA_PIECE_CHUNKS", chunks));
-  if (chunks >= longest) return {};  // no sequence can be cut
-  // Σ max(1, ⌈c_n / chunks⌉) <= ⌈Σ c_n / chunks⌉ + N.
-  return {chunks, (total + chunks - 1) / chunks + pr.N};
+  return plan_sequence_pieces(pr.T, pr.N, pr.HV, pr.varlen, sm_count(), env_int("FLASHQLA_PIECE_CHUNKS", 0));
 }
 
 size_t piece_state_bytes(const Problem& pr, const PiecePlan& plan) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "cuda/forward_args.h"
+#include "cuda/sequence_pieces.h"
 #include "cuda/sm90/device_common.cuh"
 
 namespace flashqla::cuda {
@@ -43,7 +44,7 @@ struct WorkItem {
   StateTarget final_state;
 };
 
-constexpr int kWorkItemChunk = 64;
+constexpr int kWorkItemChunk = static_cast<int>(kPieceChunkTokens);
 // Sequences ranked longest-first in the kernel; beyond this, launch order.
 constexpr int kMaxRankedSequences = 512;
 
@@ -74,9 +75,8 @@ __device__ inline int64_t sequence_of_rank(const ForwardArgs& a, int64_t rank, i
   return n;
 }
 
-// Pieces of a sequence (at least one, so an empty sequence still writes its final state).
 __device__ __forceinline__ int64_t piece_count(const ForwardArgs& a, const SequenceRange& r) {
-  return max64(1, (chunk_count(r) + a.piece_chunks - 1) / a.piece_chunks);
+  return sequence_piece_count(r.eos - r.bos, a.piece_chunks);
 }
 
 // Piece slot -> (sequence, piece index, pieces of that sequence); false past the last piece.
