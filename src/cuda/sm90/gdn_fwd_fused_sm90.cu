@@ -82,6 +82,22 @@ static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits
   } while (0)
 #endif
 
+// acc = X Kᵀ for the 64 rows of a chunk tile X (64 x 64 accumulator, warp w of
+// the warpgroup: rows 16 w..): A = X's rows from ldmatrix, B = the K tile read K-major.
+template <typename T>
+__device__ __forceinline__ void rows_times_k_transposed(float (&acc)[kChunk / 2], const CoreTile<T, kDim>& x,
+                                                        const CoreTile<T, kDim>& k_tile, int w, int lane) {
+#pragma unroll
+  for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
+  uint32_t af[kDim / 16][4];
+#pragma unroll
+  for (int k = 0; k < kDim / 16; ++k) load_a(af[k], x, 16 * w, 16 * k, lane);
+  wgmma::fence(acc);
+#pragma unroll
+  for (int k = 0; k < kDim / 16; ++k) wgmma::mma<T, kChunk>(af[k], wgmma::kmajor_desc(k_tile, 16 * k), acc);
+  wgmma::commit_and_wait(acc);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const ForwardArgs a) {
   using M = mma::Mma<T>;
@@ -194,15 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32 (wgmma m64n64, B = the K tile K-major).
       {
         float acc[kChunk / 2];
-#pragma unroll
-        for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
-        uint32_t af[kDim / 16][4];
-#pragma unroll
-        for (int k = 0; k < kDim / 16; ++k) load_a(af[k], ks, 16 * pwarp, 16 * k, lane);
-        wgmma::fence(acc);
-#pragma unroll
-        for (int k = 0; k < kDim / 16; ++k) wgmma::mma<T, kChunk>(af[k], wgmma::kmajor_desc(ks, 16 * k), acc);
-        wgmma::commit_and_wait(acc);
+        rows_times_k_transposed(acc, ks, ks, pwarp, lane);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = 16 * pwarp + g + 8 * half;
@@ -361,15 +369,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     } else {
       {
         float pacc[kChunk / 2];
-#pragma unroll
-        for (int i = 0; i < kChunk / 2; ++i) pacc[i] = 0.f;
-        uint32_t af[kDim / 16][4];
-#pragma unroll
-        for (int k = 0; k < kDim / 16; ++k) load_a(af[k], qs, 16 * wr, 16 * k, lane);
-        wgmma::fence(pacc);
-#pragma unroll
-        for (int k = 0; k < kDim / 16; ++k) wgmma::mma<T, kChunk>(af[k], wgmma::kmajor_desc(ks, 16 * k), pacc);
-        wgmma::commit_and_wait(pacc);
+        rows_times_k_transposed(pacc, qs, ks, wr, lane);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = 16 * wr + g + 8 * half;
