@@ -1,7 +1,8 @@
 // Development tool: phase timing of the fused forward kernel. Builds the kernel
-// with FLASHQLA_FUSED_PROFILE (CTA 0 prints cycles per phase) and times one
+// with FLASHQLA_FUSED_PROFILE (cycles per phase of CTA 0, read back) and times one
 // launch of each configuration with CUDA events, and compares o with the simple
-// kernel's on the same inputs. On the GPU machine:
+// kernel's on the same inputs. Built without the define, it times the kernel
+// as built for the library. On the GPU machine:
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -DFLASHQLA_FUSED_PROFILE -Iinclude -Isrc \
 //     -Ithird_party/cutlass/include \
 //     benchmarks/tools/fused_phase_profile.cu src/cuda/sm90/gdn_fwd_simple_sm90.cu -o /tmp/fused_phase_profile
@@ -57,8 +58,27 @@ void run(int64_t B, int64_t T, int64_t H, int64_t HV) {
   check(cudaMalloc(&o, B * T * HV * D * 2), "malloc");
   a.o = o, a.o_sb = T * HV * D, a.o_st = HV * D, a.o_sh = D, a.o_dtype = FLASHQLA_DTYPE_BFLOAT16;
   std::printf("B=%lld T=%lld H=%lld HV=%lld\n", (long long)B, (long long)T, (long long)H, (long long)HV);
+#ifdef FLASHQLA_FUSED_PROFILE
+  using flashqla::cuda::kProfileSlots;
+  long long cycles[kProfileSlots] = {};
+  check(cudaMemcpyToSymbol(flashqla::cuda::fused_profile_cycles, cycles, sizeof(cycles)), "reset");
+#endif
   check(flashqla::cuda::launch_gdn_fwd_fused(a, nullptr), "launch");
   check(cudaDeviceSynchronize(), "sync");
+#ifdef FLASHQLA_FUSED_PROFILE
+  check(cudaMemcpyFromSymbol(cycles, flashqla::cuda::fused_profile_cycles, sizeof(cycles)), "read");
+  const long long n = cycles[kProfileSlots - 1] > 0 ? cycles[kProfileSlots - 1] : 1;
+  static const char* const names[kProfileSlots - 1] = {
+      "wait ready", "step 1 (U | P, W)", "step 1 barrier", "K decay", "step 2 (Vd | QS)", "Vd store, barrier",
+      "step 3 (O, S)", "S copy",  // state warpgroups
+      "wait free", "load, gates, l2norm", "A", "inverse"};  // producer
+  std::printf("  cycles per chunk (CTA 0, %lld chunks), state:", n);
+  for (int i = 0; i < kProfileSlots - 1; ++i) {
+    if (i == 8) std::printf("\n    producer:");
+    std::printf(" %s %lld |", names[i], cycles[i] / n);
+  }
+  std::printf("\n");
+#endif
   cudaEvent_t e0, e1;
   cudaEventCreate(&e0);
   cudaEventCreate(&e1);

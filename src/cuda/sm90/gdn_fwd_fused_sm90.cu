@@ -9,8 +9,6 @@
 namespace flashqla::cuda {
 namespace {
 
-using mma::load_a;
-using mma::load_a_trans;
 
 constexpr int kChunk = 64;  // tokens per chunk
 constexpr int kDim = 128;   // K = V
@@ -67,34 +65,53 @@ static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits in A");
 
 // Phase timing for kernel development: build with -DFLASHQLA_FUSED_PROFILE
-// (benchmarks/tools/fused_phase_profile.cu); CTA 0's first thread (a state
-// warp) prints the cycles between its barriers, summed over the chunk loop.
+// (benchmarks/tools/fused_phase_profile.cu). Every thread adds the cycles
+// between its phase marks in registers; at the end CTA 0's first state thread
+// and first producer thread add theirs to fused_profile_cycles (state phases
+// 0..7, producer phases 8..11, the chunk count in 12), which the tool reads
+// back (no printf: a call in the kernel would serialize its wgmma pipeline).
 #ifdef FLASHQLA_FUSED_PROFILE
-#define FUSED_PHASE(i)                                              \
-  do {                                                              \
-    const long long now_ = clock64();                               \
-    if (threadIdx.x == 0) phase_cycles[i] += now_ - phase_start;    \
-    phase_start = now_;                                             \
+constexpr int kProfileSlots = 13;
+__device__ long long fused_profile_cycles[kProfileSlots];
+#define FUSED_PHASE(i)                    \
+  do {                                    \
+    const long long now_ = clock64();     \
+    profile[i] += now_ - phase_start;     \
+    phase_start = now_;                   \
+  } while (0)
+#define FUSED_PROFILE_BEGIN() \
+  long long profile[kProfileSlots] = {}, phase_start = clock64()
+#define FUSED_PROFILE_END(n)                                                              \
+  do {                                                                                    \
+    if (blockIdx.x == 0 && (threadIdx.x == 0 || threadIdx.x == kStateThreads)) {          \
+      for (int i_ = 0; i_ < kProfileSlots - 1; ++i_) fused_profile_cycles[i_] += profile[i_]; \
+      if (threadIdx.x == 0) fused_profile_cycles[kProfileSlots - 1] += (n);               \
+    }                                                                                     \
   } while (0)
 #else
 #define FUSED_PHASE(i) \
   do {                 \
   } while (0)
+#define FUSED_PROFILE_BEGIN() \
+  do {                        \
+  } while (0)
+#define FUSED_PROFILE_END(n) \
+  do {                       \
+  } while (0)
 #endif
 
 // acc = X Kᵀ for the 64 rows of a chunk tile X (64 x 64 accumulator, warp w of
-// the warpgroup: rows 16 w..): A = X's rows from ldmatrix, B = the K tile read K-major.
+// the warpgroup: rows 16 w..), both operands read K-major from shared memory.
 template <typename T>
 __device__ __forceinline__ void rows_times_k_transposed(float (&acc)[kChunk / 2], const CoreTile<T, kDim>& x,
-                                                        const CoreTile<T, kDim>& k_tile, int w, int lane) {
+                                                        const CoreTile<T, kDim>& k_tile) {
 #pragma unroll
   for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
-  uint32_t af[kDim / 16][4];
-#pragma unroll
-  for (int k = 0; k < kDim / 16; ++k) load_a(af[k], x, 16 * w, 16 * k, lane);
   wgmma::fence(acc);
 #pragma unroll
-  for (int k = 0; k < kDim / 16; ++k) wgmma::mma<T, kChunk>(af[k], wgmma::kmajor_desc(k_tile, 16 * k), acc);
+  for (int k = 0; k < kDim / 16; ++k)
+    wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(x, 16 * k), wgmma::kmajor_desc(k_tile, 16 * k),
+                                                   acc);
   wgmma::commit_and_wait(acc);
 }
 
@@ -116,7 +133,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);     // [2][64]
   float* const sm_beta = sm_gamma + 2 * kChunk;                          // [2][64]
 
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  // The warp index through a shuffle: ptxas then knows it is warp-uniform, and
+  // branches on it do not serialize the wgmma pipeline (C7520).
+  const int tid = threadIdx.x, warp = __shfl_sync(0xffffffffu, tid >> 5, 0), lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
 
   static_assert(kWorkItemChunk == kChunk, "work items count chunks of the kernel's size");
@@ -125,7 +144,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   const int64_t hv = item.hv, h = hv / a.group;
   const int64_t row = item.seq.row, eos = item.seq.eos;
   const int64_t bos = item.seq.bos + item.chunk_begin * kChunk;  // the item's first token
-  const int64_t n_chunks = item.chunk_end - item.chunk_begin;
+  const int64_t n_chunks = __shfl_sync(0xffffffffu, item.chunk_end - item.chunk_begin, 0);
   auto stage_tile = [&](T* tiles, int stage) { return CoreTile<T, kDim>{tiles + stage * kChunk * kDim}; };
   auto chunk_rows = [&](int64_t c) { return int(min64(kChunk, eos - bos - c * kChunk)); };
 
@@ -149,11 +168,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
                          r < L ? 16 : 0);
       }
     };
+    FUSED_PROFILE_BEGIN();
     for (int64_t c = 0; c < n_chunks + 2; ++c) {
       const int stage = int(c & 1);
       // The state warpgroups release a stage when they finish its chunk.
       if (c >= 2) named_sync(kBarStageFree + stage, kThreads);
       if (c >= n_chunks) continue;
+      FUSED_PHASE(8);
       const int64_t t0 = bos + c * kChunk;
       const int L = chunk_rows(c);
       const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = stage_tile(sm_k, stage);
@@ -206,11 +227,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         wgmma::fence_shared_for_async();
         named_sync(kBarProducer, kProducerThreads);
       }
+      FUSED_PHASE(9);
 
-      // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32 (wgmma m64n64, B = the K tile K-major).
+      // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32 (wgmma m64n64, both operands K-major).
       {
         float acc[kChunk / 2];
-        rows_times_k_transposed(acc, ks, ks, pwarp, lane);
+        rows_times_k_transposed(acc, ks, ks);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = 16 * pwarp + g + 8 * half;
@@ -229,6 +251,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         }
       }
       named_sync(kBarProducer, kProducerThreads);
+      FUSED_PHASE(10);
 
       // T = (I + A)⁻¹: the four 16x16 diagonal blocks by forward substitution
       // (warp = block, lane = column) in fp32...
@@ -280,7 +303,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       named_arrive(kBarChunkReady + stage, kThreads);
       // The next chunk overwrites A only after every warp is past the column walk.
       named_sync(kBarProducer, kProducerThreads);
+      FUSED_PHASE(11);
     }
+    FUSED_PROFILE_END(0);
     return;
   }
 
@@ -309,9 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   };
   store_state_copy();
 
-#ifdef FLASHQLA_FUSED_PROFILE
-  long long phase_cycles[4] = {}, phase_start = clock64();
-#endif
+  FUSED_PROFILE_BEGIN();
   for (int64_t c = 0; c < n_chunks; ++c) {
     const int stage = int(c & 1);
     const int64_t t0 = bos + c * kChunk;
@@ -369,7 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     } else {
       {
         float pacc[kChunk / 2];
-        rows_times_k_transposed(pacc, qs, ks, wr, lane);
+        rows_times_k_transposed(pacc, qs, ks);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = 16 * wr + g + 8 * half;
@@ -401,34 +424,42 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         *reinterpret_cast<uint32_t*>(w_tile.at(i + 8, col)) = M::pack(-acc[4 * j + 2], -acc[4 * j + 3]);
         acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.f;
       }
+      wgmma::fence_shared_for_async();  // P and −W are wgmma A operands
     }
-    named_sync(kBarState, kStateThreads);
     FUSED_PHASE(1);
+    named_sync(kBarState, kStateThreads);
+    FUSED_PHASE(2);
 
     // K -> K ⊙ e^{γ_C − γ} in place (the state update's A operand; nothing reads K
-    // unscaled any more): thread = row tid / 4, 32 columns.
-    {
-      const int r = tid >> 2, c0 = (tid & 3) * 32;
+    // unscaled any more), in 16-byte core-matrix rows taken in memory order
+    // (eight consecutive threads: one core matrix, no bank conflicts).
+#pragma unroll
+    for (int m = 0; m < kChunk * kDim / 8 / kStateThreads; ++m) {
+      const int q = tid + m * kStateThreads;
+      const int r = ((q >> 7) << 3) + (q & 7);  // row of 16-byte piece q
       const float decay = __expf(gamma_last - gam[r]);
+      uint4* const p = reinterpret_cast<uint4*>(ks.base) + q;
+      uint4 x = *p;
+      uint32_t* const w = reinterpret_cast<uint32_t*>(&x);
 #pragma unroll
-      for (int cc = 0; cc < 32; cc += 8) {
-        T* p = ks.at(r, c0 + cc);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) p[e] = T(float(p[e]) * decay);
-      }
+      for (int e = 0; e < 4; ++e) w[e] = M::scale_pair(w[e], decay);
+      *p = x;
     }
+    wgmma::fence_shared_for_async();  // read by step 3's wgmma
+    FUSED_PHASE(3);
 
-    // --- 2. wgmma, B = S: warpgroup 0 Vd = U − W S, warpgroup 1 Q S.
+    // --- 2. wgmma, A = −W or Q and B = S from shared memory: warpgroup 0
+    // Vd = U − W S, warpgroup 1 Q S.
     {
-      uint32_t af[8][4];
-#pragma unroll
-      for (int k = 0; k < 8; ++k) load_a(af[k], is_u ? w_tile : qs, 16 * wr, 16 * k, lane);
+      const CoreTile<T, kDim> x = is_u ? w_tile : qs;
       wgmma::fence(acc);
 #pragma unroll
       for (int k = 0; k < 8; ++k)
-        wgmma::mma_b_mn<T, kDim>(af[k], wgmma::mnmajor_desc(s_copy, 16 * k), acc);
+        wgmma::mma_ss<T, kDim, wgmma::kK, wgmma::kMN>(wgmma::kmajor_desc(x, 16 * k), wgmma::mnmajor_desc(s_copy, 16 * k),
+                                                      acc);
       wgmma::commit_and_wait(acc);
     }
+    FUSED_PHASE(4);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int i = 16 * wr + g + 8 * half;
@@ -445,7 +476,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     }
     if (is_u) wgmma::fence_shared_for_async();
     named_sync(kBarState, kStateThreads);
-    FUSED_PHASE(2);
+    FUSED_PHASE(5);
 
     // --- 3. One wgmma batch a warpgroup: warpgroup 1 O = scale (e^γ Q S + P Vd),
     // written for rows < L; both S = e^{γ_C} S + (K ⊙ e^{γ_C − γ})ᵀ Vd on key rows 64 w...
@@ -453,24 +484,22 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       const float e_last = __expf(gamma_last);
 #pragma unroll
       for (int i = 0; i < 64; ++i) s_acc[i] *= e_last;
-      uint32_t kf[4][4], pf[4][4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) load_a_trans(kf[k], ks, 16 * warp, 16 * k, lane);
-      if (!is_u) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) load_a(pf[k], p_tile, 16 * wr, 16 * k, lane);
-        wgmma::fence_operands(acc);
-      }
+      // A operands from shared memory: P (K-major) and K ⊙ decay read transposed
+      // (MN-major, keys 64 w.. of warpgroup w).
+      const int key0 = is_u ? 0 : kChunk;
+      if (!is_u) wgmma::fence_operands(acc);
       wgmma::fence_operands(s_acc);
       wgmma::arrive();
       if (!is_u) {
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-          wgmma::mma_b_mn<T, kDim>(pf[k], wgmma::mnmajor_desc(vd_tile, 16 * k), acc);
+          wgmma::mma_ss<T, kDim, wgmma::kK, wgmma::kMN>(wgmma::kmajor_desc(p_tile, 16 * k),
+                                                        wgmma::mnmajor_desc(vd_tile, 16 * k), acc);
       }
 #pragma unroll
       for (int k = 0; k < 4; ++k)
-        wgmma::mma_b_mn<T, kDim>(kf[k], wgmma::mnmajor_desc(vd_tile, 16 * k), s_acc);
+        wgmma::mma_ss<T, kDim, wgmma::kMN, wgmma::kMN>(wgmma::mnmajor_desc(ks, 16 * k, key0),
+                                                       wgmma::mnmajor_desc(vd_tile, 16 * k), s_acc);
       wgmma::commit_and_wait();
       wgmma::fence_operands(s_acc);
       // This stage (q, k, v, gates, T) is no longer read: the producer may refill it.
@@ -493,17 +522,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     }
     // Every state warp finished reading S's copy in step 2; the next chunk's
     // ready barrier orders these writes before its step 2.
+    FUSED_PHASE(6);
     store_state_copy();
-    FUSED_PHASE(3);
+    FUSED_PHASE(7);
   }
-#ifdef FLASHQLA_FUSED_PROFILE
-  if (blockIdx.x == 0 && threadIdx.x == 0 && n_chunks > 0) {
-    printf("fused phases (state warpgroups, cycles per chunk over %lld chunks): wait for the producer %lld | "
-           "U, P, W %lld | Vd, QS %lld | O, state %lld\n",
-           (long long)n_chunks, phase_cycles[0] / n_chunks, phase_cycles[1] / n_chunks, phase_cycles[2] / n_chunks,
-           phase_cycles[3] / n_chunks);
-  }
-#endif
+  FUSED_PROFILE_END(n_chunks);
 
   if (item.final_state.ptr != nullptr) {
 #pragma unroll

@@ -31,6 +31,11 @@ struct Mma<__nv_bfloat16> {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
+  // Two packed elements times s (in fp32, rounded once).
+  __device__ __forceinline__ static uint32_t scale_pair(uint32_t x, float s) {
+    const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+    return pack(f.x * s, f.y * s);
+  }
 };
 
 template <>
@@ -45,6 +50,10 @@ struct Mma<__half> {
   __device__ __forceinline__ static uint32_t pack(float lo, float hi) {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
+  }
+  __device__ __forceinline__ static uint32_t scale_pair(uint32_t x, float s) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x));
+    return pack(f.x * s, f.y * s);
   }
 };
 

@@ -39,13 +39,14 @@ __device__ __forceinline__ uint64_t kmajor_desc(const mma::CoreTile<T, kCols>& t
   return make_desc(tile.at(0, k0), 128, kCols * 16);
 }
 
-// Descriptor of a CoreTile [K rows][N columns] read as the MN-major B operand,
-// from row k0: core matrices adjacent in N are 128 bytes apart (SBO), 8-row
-// blocks adjacent in K kCols * 16 bytes (LBO) — the non-swizzled MN-major
-// canonical layout ((8,1,n),(8,k)):((1,8,SBO),(8,LBO)) in elements.
+// Descriptor of a CoreTile [K rows][MN columns] read as an MN-major operand
+// (B, or A from shared memory), from row k0 and column mn0: core matrices
+// adjacent in MN are 128 bytes apart (SBO), 8-row blocks adjacent in K
+// kCols * 16 bytes (LBO) — the non-swizzled MN-major canonical layout
+// ((8,1,n),(8,k)):((1,8,SBO),(8,LBO)) in elements.
 template <typename T, int kCols>
-__device__ __forceinline__ uint64_t mnmajor_desc(const mma::CoreTile<T, kCols>& tile, int k0) {
-  return make_desc(tile.at(k0, 0), kCols * 16, 128);
+__device__ __forceinline__ uint64_t mnmajor_desc(const mma::CoreTile<T, kCols>& tile, int k0, int mn0 = 0) {
+  return make_desc(tile.at(k0, mn0), kCols * 16, 128);
 }
 
 // The instruction for 16-bit T, N columns and B's major-ness (A: registers).
@@ -68,6 +69,26 @@ struct Op<__half, 64, B> {
   using type = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, B>;
 };
 
+// The same with A from shared memory too.
+template <typename T, int N, cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
+struct OpSS;
+template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
+struct OpSS<__nv_bfloat16, 128, A, B> {
+  using type = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<A, B>;
+};
+template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
+struct OpSS<__nv_bfloat16, 64, A, B> {
+  using type = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<A, B>;
+};
+template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
+struct OpSS<__half, 128, A, B> {
+  using type = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_SS<A, B>;
+};
+template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
+struct OpSS<__half, 64, A, B> {
+  using type = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_SS<A, B>;
+};
+
 template <typename T, int N, cute::SM90::GMMA::Major B, size_t... I>
 __device__ __forceinline__ void mma_impl(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[N / 2],
                                          std::index_sequence<I...>) {
@@ -86,6 +107,21 @@ template <typename T, int N>
 __device__ __forceinline__ void mma_b_mn(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[N / 2]) {
   mma_impl<T, N, cute::SM90::GMMA::Major::MN>(a, desc_b, d, std::make_index_sequence<N / 2>{});
 }
+
+template <typename T, int N, cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B, size_t... I>
+__device__ __forceinline__ void mma_ss_impl(uint64_t desc_a, uint64_t desc_b, float (&d)[N / 2],
+                                            std::index_sequence<I...>) {
+  OpSS<T, N, A, B>::type::fma(desc_a, desc_b, d[I]...);
+}
+
+// d += A (64x16) B (16xN), both from shared memory (A: kmajor_desc or
+// mnmajor_desc of a [M][K] or [K][M] tile; B as above).
+template <typename T, int N, cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
+__device__ __forceinline__ void mma_ss(uint64_t desc_a, uint64_t desc_b, float (&d)[N / 2]) {
+  mma_ss_impl<T, N, A, B>(desc_a, desc_b, d, std::make_index_sequence<N / 2>{});
+}
+constexpr auto kK = cute::SM90::GMMA::Major::K;
+constexpr auto kMN = cute::SM90::GMMA::Major::MN;
 
 // Keeps the compiler from moving accesses of accumulators across a batch.
 template <int R>
