@@ -69,9 +69,9 @@ void run(int64_t B, int64_t T, int64_t H, int64_t HV) {
   check(cudaMemcpyFromSymbol(cycles, flashqla::cuda::fused_profile_cycles, sizeof(cycles)), "read");
   const long long n = cycles[kProfileSlots - 1] > 0 ? cycles[kProfileSlots - 1] : 1;
   static const char* const names[kProfileSlots - 1] = {
-      "wait ready", "step 1 (U | P, W)", "step 1 barrier", "K decay", "step 2 (Vd | QS)", "Vd store, barrier",
+      "wait ready", "step 1 (U | P, W)", "step 1 barrier", "unused", "step 2 (Vd | QS)", "Vd store, barrier",
       "step 3 (O, S)", "S copy",  // state warpgroups
-      "wait free", "load, gates, l2norm", "A", "inverse"};  // producer
+      "wait free", "K, gates, l2norm", "A", "diagonal inverse", "off-diagonal", "Q, V, ready"};  // producer
   std::printf("  cycles per chunk (CTA 0, %lld chunks), state:", n);
   for (int i = 0; i < kProfileSlots - 1; ++i) {
     if (i == 8) std::printf("\n    producer:");

@@ -45,8 +45,7 @@ __device__ __forceinline__ void set_max_registers() {
 // Shared memory (bytes). Two stages of q, k, v, of T and of the gates; one of
 // everything else. Every 16-bit tile is a core-matrix tile (mma::CoreTile:
 // ldmatrix reads it without bank conflicts, wgmma through a descriptor); A and
-// T are padded fp32. The state warpgroups scale the K tile in place to
-// K ⊙ e^{γ_C − γ} once W is computed (the state update reads it).
+// T are padded fp32.
 using mma::CoreTile;
 constexpr int kTile16 = kChunk * kDim * 2;  // [64][128]
 constexpr int kTileF = kChunk * kLdF * 4;   // fp32 [64][68]
@@ -68,10 +67,10 @@ static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits
 // (benchmarks/tools/fused_phase_profile.cu). Every thread adds the cycles
 // between its phase marks in registers; at the end CTA 0's first state thread
 // and first producer thread add theirs to fused_profile_cycles (state phases
-// 0..7, producer phases 8..11, the chunk count in 12), which the tool reads
+// 0..7, producer phases 8..13, the chunk count in 14), which the tool reads
 // back (no printf: a call in the kernel would serialize its wgmma pipeline).
 #ifdef FLASHQLA_FUSED_PROFILE
-constexpr int kProfileSlots = 13;
+constexpr int kProfileSlots = 15;
 __device__ long long fused_profile_cycles[kProfileSlots];
 #define FUSED_PHASE(i)                    \
   do {                                    \
@@ -178,7 +177,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       const int64_t t0 = bos + c * kChunk;
       const int L = chunk_rows(c);
       const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = stage_tile(sm_k, stage);
-      copy_tile(ks, k_base, a.k_st, t0, L);  // K first: A needs it
+      // Two copy groups: K (A and T need it first), then Q and V (only the state
+      // warpgroups read them; their latency hides behind A and T).
+      copy_tile(ks, k_base, a.k_st, t0, L);
+      mma::cp_async_commit();
       copy_tile(qs, q_base, a.q_st, t0, L);
       copy_tile(stage_tile(sm_v, stage), v_base, a.v_st, t0, item.read_v ? L : 0);
       mma::cp_async_commit();
@@ -207,13 +209,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         bet[2 * lane] = br[0];
         bet[2 * lane + 1] = br[1];
       }
-      mma::cp_async_wait_all();
-      wgmma::fence_shared_for_async();  // the K and V tiles are wgmma operands
-      named_sync(kBarProducer, kProducerThreads);
-      if (a.use_qk_l2norm) {  // x · rsqrt(Σx² + 1e-6) per row of q and k; warp: 32 rows, lane: 4 columns
-        for (int rr = 0; rr < 32; ++rr) {
-          const int r = pwarp * 32 + rr;
-          T* rowp = r < kChunk ? qs.at(r, 4 * lane) : ks.at(r - kChunk, 4 * lane);
+      // x · rsqrt(Σx² + 1e-6) for each row of a tile; warp: 16 rows, lane: 4 columns.
+      auto l2_normalize_rows = [&](CoreTile<T, kDim> tile) {
+        for (int rr = 0; rr < kChunk / 4; ++rr) {
+          T* const rowp = tile.at(pwarp * (kChunk / 4) + rr, 4 * lane);
           float x[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e) x[e] = float(rowp[e]);
@@ -224,6 +223,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 #pragma unroll
           for (int e = 0; e < 4; ++e) rowp[e] = T(x[e] * rs);
         }
+      };
+      mma::cp_async_wait<1>();          // this thread's K segments
+      wgmma::fence_shared_for_async();  // K is a wgmma operand
+      named_sync(kBarProducer, kProducerThreads);
+      if (a.use_qk_l2norm) {
+        l2_normalize_rows(ks);
         wgmma::fence_shared_for_async();
         named_sync(kBarProducer, kProducerThreads);
       }
@@ -277,6 +282,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         for (int r = 0; r < 16; ++r) tt[(b0 + r) * kLdF + b0 + lane] = x[r];
       }
       named_sync(kBarProducer, kProducerThreads);
+      FUSED_PHASE(11);
       // ...then M_ik = T_ii A_ik for the six blocks below the diagonal, in place of
       // A_ik (warp w: blocks w and w + 4 of (1,0) (2,1) (3,2) (2,0) (3,1) (3,0))...
       for (int b = pwarp; b < 6; b += 4) {
@@ -299,11 +305,20 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
           __syncwarp();
         }
       }
+      FUSED_PHASE(12);
+      // Q and V: this thread's segments, then (for l2norm) everyone's.
+      mma::cp_async_wait<0>();
+      wgmma::fence_shared_for_async();  // Q and V are wgmma operands
+      if (a.use_qk_l2norm) {
+        named_sync(kBarProducer, kProducerThreads);
+        l2_normalize_rows(qs);
+        wgmma::fence_shared_for_async();
+      }
       // The chunk is ready: its q, k, v, gates and T.
       named_arrive(kBarChunkReady + stage, kThreads);
       // The next chunk overwrites A only after every warp is past the column walk.
       named_sync(kBarProducer, kProducerThreads);
-      FUSED_PHASE(11);
+      FUSED_PHASE(13);
     }
     FUSED_PROFILE_END(0);
     return;
@@ -430,22 +445,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     named_sync(kBarState, kStateThreads);
     FUSED_PHASE(2);
 
-    // K -> K ⊙ e^{γ_C − γ} in place (the state update's A operand; nothing reads K
-    // unscaled any more), in 16-byte core-matrix rows taken in memory order
-    // (eight consecutive threads: one core matrix, no bank conflicts).
-#pragma unroll
-    for (int m = 0; m < kChunk * kDim / 8 / kStateThreads; ++m) {
-      const int q = tid + m * kStateThreads;
-      const int r = ((q >> 7) << 3) + (q & 7);  // row of 16-byte piece q
-      const float decay = __expf(gamma_last - gam[r]);
-      uint4* const p = reinterpret_cast<uint4*>(ks.base) + q;
-      uint4 x = *p;
-      uint32_t* const w = reinterpret_cast<uint32_t*>(&x);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) w[e] = M::scale_pair(w[e], decay);
-      *p = x;
-    }
-    wgmma::fence_shared_for_async();  // read by step 3's wgmma
     FUSED_PHASE(3);
 
     // --- 2. wgmma, A = −W or Q and B = S from shared memory: warpgroup 0
@@ -484,9 +483,20 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       const float e_last = __expf(gamma_last);
 #pragma unroll
       for (int i = 0; i < 64; ++i) s_acc[i] *= e_last;
-      // A operands from shared memory: P (K-major) and K ⊙ decay read transposed
-      // (MN-major, keys 64 w.. of warpgroup w).
-      const int key0 = is_u ? 0 : kChunk;
+      // A operands: P from shared memory (K-major); (K ⊙ e^{γ_C − γ})ᵀ for key
+      // rows 16 warp.. from ldmatrix.trans, scaled by token (column) in registers.
+      uint32_t kf[kChunk / 16][4];
+#pragma unroll
+      for (int k = 0; k < kChunk / 16; ++k) {
+        mma::load_a_trans(kf[k], ks, 16 * warp, 16 * k, lane);
+        const int c0 = 16 * k + 2 * t4;
+        const float d0 = __expf(gamma_last - gam[c0]), d1 = __expf(gamma_last - gam[c0 + 1]);
+        const float d8 = __expf(gamma_last - gam[c0 + 8]), d9 = __expf(gamma_last - gam[c0 + 9]);
+        kf[k][0] = M::scale_pair(kf[k][0], d0, d1);
+        kf[k][1] = M::scale_pair(kf[k][1], d0, d1);
+        kf[k][2] = M::scale_pair(kf[k][2], d8, d9);
+        kf[k][3] = M::scale_pair(kf[k][3], d8, d9);
+      }
       if (!is_u) wgmma::fence_operands(acc);
       wgmma::fence_operands(s_acc);
       wgmma::arrive();
@@ -497,9 +507,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
                                                         wgmma::mnmajor_desc(vd_tile, 16 * k), acc);
       }
 #pragma unroll
-      for (int k = 0; k < 4; ++k)
-        wgmma::mma_ss<T, kDim, wgmma::kMN, wgmma::kMN>(wgmma::mnmajor_desc(ks, 16 * k, key0),
-                                                       wgmma::mnmajor_desc(vd_tile, 16 * k), s_acc);
+      for (int k = 0; k < 4; ++k) wgmma::mma_b_mn<T, kDim>(kf[k], wgmma::mnmajor_desc(vd_tile, 16 * k), s_acc);
       wgmma::commit_and_wait();
       wgmma::fence_operands(s_acc);
       // This stage (q, k, v, gates, T) is no longer read: the producer may refill it.

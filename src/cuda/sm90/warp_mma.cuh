@@ -31,10 +31,10 @@ struct Mma<__nv_bfloat16> {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
-  // Two packed elements times s (in fp32, rounded once).
-  __device__ __forceinline__ static uint32_t scale_pair(uint32_t x, float s) {
+  // Two packed elements times (lo, hi) (in fp32, rounded once).
+  __device__ __forceinline__ static uint32_t scale_pair(uint32_t x, float lo, float hi) {
     const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
-    return pack(f.x * s, f.y * s);
+    return pack(f.x * lo, f.y * hi);
   }
 };
 
@@ -51,9 +51,9 @@ struct Mma<__half> {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   }
-  __device__ __forceinline__ static uint32_t scale_pair(uint32_t x, float s) {
+  __device__ __forceinline__ static uint32_t scale_pair(uint32_t x, float lo, float hi) {
     const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x));
-    return pack(f.x * s, f.y * s);
+    return pack(f.x * lo, f.y * hi);
   }
 };
 
@@ -166,6 +166,11 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Waits until at most kPending of this thread's committed groups are in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
 }  // namespace flashqla::cuda::mma
