@@ -18,7 +18,7 @@ constexpr int kDim = 128;   // K = V
 constexpr int kStateThreads = 256;
 constexpr int kProducerThreads = 128;
 constexpr int kThreads = kStateThreads + kProducerThreads;
-constexpr int kStateRegisters = 200, kProducerRegisters = 104;
+constexpr int kStateRegisters = 208, kProducerRegisters = 88;
 static_assert(kStateThreads * kStateRegisters + kProducerThreads * kProducerRegisters <= 65536, "register file");
 constexpr int kLdF = kChunk + 4;  // row stride of fp32 [64][64] tiles
 
@@ -42,26 +42,32 @@ __device__ __forceinline__ void set_max_registers() {
   }
 }
 
-// Shared memory (bytes). Two stages of q, k, v, of T and of the gates; one of
-// everything else. Every 16-bit tile is a core-matrix tile (mma::CoreTile:
-// ldmatrix reads it without bank conflicts, wgmma through a descriptor); A and
-// T are padded fp32.
+// Shared memory (bytes). Three stages of k (the producer loads chunk c + 2's
+// while it works on c + 1 and the state warpgroups on c), two of q, v, T and
+// the gates; one of everything else. Every 16-bit tile is a core-matrix tile
+// (mma::CoreTile: ldmatrix reads it without bank conflicts, wgmma through a
+// descriptor). T is padded fp32 [64][68]; the producer builds it there in
+// place from A's diagonal blocks, and keeps A's six blocks below the diagonal
+// (then M = T_ii A_ik) as padded fp32 16x16 blocks of their own.
 using mma::CoreTile;
+constexpr int kKStages = 3;
 constexpr int kTile16 = kChunk * kDim * 2;  // [64][128]
 constexpr int kTileF = kChunk * kLdF * 4;   // fp32 [64][68]
+constexpr int kLdM = 16 + 4;                // row stride of the fp32 16x16 blocks
+constexpr int kBlockM = 16 * kLdM;          // floats per block
 constexpr int kOffQ = 0;
 constexpr int kOffK = kOffQ + 2 * kTile16;
-constexpr int kOffV = kOffK + 2 * kTile16;
+constexpr int kOffV = kOffK + kKStages * kTile16;
 constexpr int kOffW = kOffV + 2 * kTile16;
 constexpr int kOffS = kOffW + kTile16;
 constexpr int kOffVd = kOffS + kDim * kDim * 2;
 constexpr int kOffP = kOffVd + kTile16;
-constexpr int kOffA = kOffP + kChunk * kChunk * 2;
-constexpr int kOffT = kOffA + kTileF;
+constexpr int kOffM = kOffP + kChunk * kChunk * 2;
+constexpr int kOffT = kOffM + 6 * kBlockM * 4;
 constexpr int kOffGate = kOffT + 2 * kTileF;
 constexpr int kSmemBytes = kOffGate + 4 * kChunk * 4;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
-static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits in A");
+static_assert((kMaxRankedSequences + 1) * 8 <= 6 * kBlockM * 4, "the ranking scratch fits in the M blocks");
 
 // Phase timing for kernel development: build with -DFLASHQLA_FUSED_PROFILE
 // (benchmarks/tools/fused_phase_profile.cu). Every thread adds the cycles
@@ -127,7 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   const CoreTile<T, kDim> s_copy{reinterpret_cast<T*>(smem + kOffS)};
   const CoreTile<T, kDim> vd_tile{reinterpret_cast<T*>(smem + kOffVd)};
   const CoreTile<T, kChunk> p_tile{reinterpret_cast<T*>(smem + kOffP)};  // P = Q Kᵀ ⊙ Γ, [64][64]
-  float* const sm_a = reinterpret_cast<float*>(smem + kOffA);            // A, [64][kLdF] (producer)
+  float* const sm_m = reinterpret_cast<float*>(smem + kOffM);            // A_ik, then M_ik (producer)
   float* const sm_t = reinterpret_cast<float*>(smem + kOffT);            // T, [2][64][kLdF]
   float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);     // [2][64]
   float* const sm_beta = sm_gamma + 2 * kChunk;                          // [2][64]
@@ -138,14 +144,18 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   const int g = lane >> 2, t4 = lane & 3;
 
   static_assert(kWorkItemChunk == kChunk, "work items count chunks of the kernel's size");
-  const WorkItem item = resolve_work_item(a, blockIdx.x, reinterpret_cast<int64_t*>(smem + kOffA));
+  const WorkItem item = resolve_work_item(a, blockIdx.x, reinterpret_cast<int64_t*>(smem + kOffM));
   if (!item.valid) return;
   const int64_t hv = item.hv, h = hv / a.group;
   const int64_t row = item.seq.row, eos = item.seq.eos;
   const int64_t bos = item.seq.bos + item.chunk_begin * kChunk;  // the item's first token
   const int64_t n_chunks = __shfl_sync(0xffffffffu, item.chunk_end - item.chunk_begin, 0);
   auto stage_tile = [&](T* tiles, int stage) { return CoreTile<T, kDim>{tiles + stage * kChunk * kDim}; };
+  auto k_tile = [&](int64_t c) { return stage_tile(sm_k, int(c % kKStages)); };
   auto chunk_rows = [&](int64_t c) { return int(min64(kChunk, eos - bos - c * kChunk)); };
+
+  // Block (i, k), i > k, below T's diagonal: A_ik, then M_ik.
+  auto m_block = [&](int i, int k) { return sm_m + (i * (i - 1) / 2 + k) * kBlockM; };
 
   if (warp >= kStateThreads / 32) {
     // ===== Producer warpgroup: loads, gates, A and T of each chunk, one ahead. =====
@@ -167,6 +177,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
                          r < L ? 16 : 0);
       }
     };
+    // Copy groups, in commit order: K(0) before the loop; then in iteration c,
+    // Q(c) and V(c), and K(c + 1) (an empty group past the end). K(c + 1) goes
+    // to chunk c − 2's k stage, free once the stage-free barrier of c's q/v
+    // stage (the same chunk c − 2) has passed.
+    if (n_chunks > 0) copy_tile(k_tile(0), k_base, a.k_st, bos, chunk_rows(0));
+    mma::cp_async_commit();
     FUSED_PROFILE_BEGIN();
     for (int64_t c = 0; c < n_chunks + 2; ++c) {
       const int stage = int(c & 1);
@@ -176,13 +192,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       FUSED_PHASE(8);
       const int64_t t0 = bos + c * kChunk;
       const int L = chunk_rows(c);
-      const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = stage_tile(sm_k, stage);
-      // Two copy groups: K (A and T need it first), then Q and V (only the state
-      // warpgroups read them; their latency hides behind A and T).
-      copy_tile(ks, k_base, a.k_st, t0, L);
-      mma::cp_async_commit();
+      const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = k_tile(c);
       copy_tile(qs, q_base, a.q_st, t0, L);
       copy_tile(stage_tile(sm_v, stage), v_base, a.v_st, t0, item.read_v ? L : 0);
+      mma::cp_async_commit();
+      if (c + 1 < n_chunks) copy_tile(k_tile(c + 1), k_base, a.k_st, t0 + kChunk, chunk_rows(c + 1));
       mma::cp_async_commit();
       float* const gam = sm_gamma + stage * kChunk;
       float* const bet = sm_beta + stage * kChunk;
@@ -224,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
           for (int e = 0; e < 4; ++e) rowp[e] = T(x[e] * rs);
         }
       };
-      mma::cp_async_wait<1>();          // this thread's K segments
+      mma::cp_async_wait<2>();          // this thread's K(c) segments
       wgmma::fence_shared_for_async();  // K is a wgmma operand
       named_sync(kBarProducer, kProducerThreads);
       if (a.use_qk_l2norm) {
@@ -235,6 +249,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       FUSED_PHASE(9);
 
       // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32 (wgmma m64n64, both operands K-major).
+      float* const tt = sm_t + stage * kChunk * kLdF;
       {
         float acc[kChunk / 2];
         rows_times_k_transposed(acc, ks, ks);
@@ -251,7 +266,15 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
               const int jj = col + e;
               x[e] = jj < i ? bi * acc[4 * j + 2 * half + e] * __expf(gi - gam[jj]) : 0.f;
             }
-            *reinterpret_cast<float2*>(sm_a + i * kLdF + col) = make_float2(x[0], x[1]);
+            // Diagonal blocks into T's (inverted there in place), blocks below
+            // into their M blocks; those above the diagonal are never read.
+            const int bj = j / 2;
+            if (bj == pwarp) {
+              *reinterpret_cast<float2*>(tt + i * kLdF + col) = make_float2(x[0], x[1]);
+            } else if (bj < pwarp) {
+              *reinterpret_cast<float2*>(m_block(pwarp, bj) + (i - 16 * pwarp) * kLdM + col - 16 * bj) =
+                  make_float2(x[0], x[1]);
+            }
           }
         }
       }
@@ -259,15 +282,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       FUSED_PHASE(10);
 
       // T = (I + A)⁻¹: the four 16x16 diagonal blocks by forward substitution
-      // (warp = block, lane = column) in fp32...
-      float* const tt = sm_t + stage * kChunk * kLdF;
+      // (warp = block, lane = column) in fp32, in place...
       if (lane < 16) {
         const int b0 = 16 * pwarp;
         float x[16];
 #pragma unroll
         for (int r = 0; r < 16; ++r) {
           float acc0 = r == lane ? 1.f : 0.f, acc1 = 0.f;
-          const float* arow = sm_a + (b0 + r) * kLdF + b0;
+          const float* arow = tt + (b0 + r) * kLdF + b0;
 #pragma unroll
           for (int m = 0; m < r; ++m) {
             if (m & 1) {
@@ -278,6 +300,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
           }
           x[r] = acc0 + acc1;
         }
+        __syncwarp(0x0000ffffu);  // every lane has read the block
 #pragma unroll
         for (int r = 0; r < 16; ++r) tt[(b0 + r) * kLdF + b0 + lane] = x[r];
       }
@@ -288,9 +311,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       for (int b = pwarp; b < 6; b += 4) {
         const int i = b < 3 ? b + 1 : (b < 5 ? b - 1 : 3), k = b < 3 ? b : (b < 5 ? b - 3 : 0);
         float m[2][4] = {};
-        mma::mma_tf32_16x16x16(m, tt + 16 * i * kLdF + 16 * i, kLdF, sm_a + 16 * i * kLdF + 16 * k, kLdF, lane);
+        mma::mma_tf32_16x16x16(m, tt + 16 * i * kLdF + 16 * i, kLdF, m_block(i, k), kLdM, lane);
         __syncwarp();
-        mma::store_c_16x16(sm_a + 16 * i * kLdF + 16 * k, kLdF, m, 1.f, lane);
+        mma::store_c_16x16(m_block(i, k), kLdM, m, 1.f, lane);
       }
       named_sync(kBarProducer, kProducerThreads);
       // ...and T_ij = −Σ_{k=j}^{i−1} M_ik T_kj down each column block j (warp j < 3),
@@ -300,14 +323,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         for (int i = j + 1; i < 4; ++i) {
           float acc[2][4] = {};
           for (int k = j; k < i; ++k)
-            mma::mma_tf32_16x16x16(acc, sm_a + 16 * i * kLdF + 16 * k, kLdF, tt + 16 * k * kLdF + 16 * j, kLdF, lane);
+            mma::mma_tf32_16x16x16(acc, m_block(i, k), kLdM, tt + 16 * k * kLdF + 16 * j, kLdF, lane);
           mma::store_c_16x16(tt + 16 * i * kLdF + 16 * j, kLdF, acc, -1.f, lane);
           __syncwarp();
         }
       }
       FUSED_PHASE(12);
       // Q and V: this thread's segments, then (for l2norm) everyone's.
-      mma::cp_async_wait<0>();
+      mma::cp_async_wait<1>();
       wgmma::fence_shared_for_async();  // Q and V are wgmma operands
       if (a.use_qk_l2norm) {
         named_sync(kBarProducer, kProducerThreads);
@@ -316,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       }
       // The chunk is ready: its q, k, v, gates and T.
       named_arrive(kBarChunkReady + stage, kThreads);
-      // The next chunk overwrites A only after every warp is past the column walk.
+      // The next chunk overwrites the M blocks only after every warp is past the column walk.
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(13);
     }
@@ -327,7 +350,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   // ===== State warpgroups: the chain of S through the chunks. =====
   set_max_registers<kStateRegisters>();
   const int wr = warp & 3;
-  const bool is_u = warp < 4;  // warpgroup 0 (U, then Vd) or 1 (P and W, then O)
+  const bool is_u = warp < 4;  // warpgroup 0 (P and U, then Vd) or 1 (W, then Q S and O)
   T* const o_base = static_cast<T*>(a.o) + row * a.o_sb + hv * a.o_sh;
 
   // The state in the wgmma accumulator layout: s_acc[4 j + e] is key row
@@ -356,7 +379,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     const int L = chunk_rows(c);
     named_sync(kBarChunkReady + stage, kThreads);
     FUSED_PHASE(0);
-    const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = stage_tile(sm_k, stage), vs = stage_tile(sm_v, stage);
+    const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = k_tile(c), vs = stage_tile(sm_v, stage);
     const float* const gam = sm_gamma + stage * kChunk;
     const float* const bet = sm_beta + stage * kChunk;
     const float* const tt = sm_t + stage * kChunk * kLdF;
@@ -390,41 +413,51 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       }
     };
 
-    // --- 1. Warpgroup 0: U = T diag(β) V (wgmma, B = V read MN-major), kept as
-    // step 2's accumulator. Warpgroup 1: P = Q Kᵀ ⊙ Γ lower (B = K, K-major), then
-    // −W = −T diag(β e^γ) K (B = K, MN-major), both to shared memory.
+    // --- 1. Warpgroup 0: P = Q Kᵀ ⊙ Γ lower (both K-major from shared memory)
+    // to shared memory, and U = T diag(β) V (B = V read MN-major), kept as step
+    // 2's accumulator; P's epilogue runs while U's wgmmas do. Warpgroup 1:
+    // −W = −T diag(β e^γ) K (B = K, MN-major) to shared memory.
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
     if (is_u) {
+      float pacc[kChunk / 2];
+#pragma unroll
+      for (int i = 0; i < kChunk / 2; ++i) pacc[i] = 0.f;
       uint32_t af[kChunk / 16][4];
       t_fragments(af, false);
+      wgmma::fence_operands(pacc);
       wgmma::fence(acc);
+#pragma unroll
+      for (int k = 0; k < kDim / 16; ++k)
+        wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(qs, 16 * k), wgmma::kmajor_desc(ks, 16 * k),
+                                                       pacc);
+      wgmma::commit();
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb)
         wgmma::mma_b_mn<T, kDim>(af[kb], wgmma::mnmajor_desc(vs, 16 * kb), acc);
-      wgmma::commit_and_wait(acc);
-    } else {
-      {
-        float pacc[kChunk / 2];
-        rows_times_k_transposed(pacc, qs, ks);
+      wgmma::commit();
+      wgmma::wait<1>();
+      wgmma::fence_operands(pacc);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = 16 * wr + g + 8 * half;
-          const float gi = gam[i];
+      for (int half = 0; half < 2; ++half) {
+        const int i = 16 * wr + g + 8 * half;
+        const float gi = gam[i];
 #pragma unroll
-          for (int j = 0; j < kChunk / 8; ++j) {
-            const int col = 8 * j + 2 * t4;
-            float x[2];
+        for (int j = 0; j < kChunk / 8; ++j) {
+          const int col = 8 * j + 2 * t4;
+          float x[2];
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int jj = col + e;
-              x[e] = jj <= i ? pacc[4 * j + 2 * half + e] * __expf(gi - gam[jj]) : 0.f;
-            }
-            *reinterpret_cast<uint32_t*>(p_tile.at(i, col)) = M::pack(x[0], x[1]);
+          for (int e = 0; e < 2; ++e) {
+            const int jj = col + e;
+            x[e] = jj <= i ? pacc[4 * j + 2 * half + e] * __expf(gi - gam[jj]) : 0.f;
           }
+          *reinterpret_cast<uint32_t*>(p_tile.at(i, col)) = M::pack(x[0], x[1]);
         }
       }
+      wgmma::wait<0>();
+      wgmma::fence_operands(acc);
+    } else {
       uint32_t af[kChunk / 16][4];
       t_fragments(af, true);
       wgmma::fence(acc);
@@ -439,8 +472,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         *reinterpret_cast<uint32_t*>(w_tile.at(i + 8, col)) = M::pack(-acc[4 * j + 2], -acc[4 * j + 3]);
         acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.f;
       }
-      wgmma::fence_shared_for_async();  // P and −W are wgmma A operands
     }
+    wgmma::fence_shared_for_async();  // P and −W are wgmma A operands
     FUSED_PHASE(1);
     named_sync(kBarState, kStateThreads);
     FUSED_PHASE(2);

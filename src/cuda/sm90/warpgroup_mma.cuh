@@ -139,6 +139,15 @@ __device__ __forceinline__ void fence(float (&d)[R]) {
   arrive();
 }
 
+// Closes the batch of wgmmas issued since the last commit.
+__device__ __forceinline__ void commit() { cute::warpgroup_commit_batch(); }
+
+// Waits until at most kPending committed batches are in flight.
+template <int kPending>
+__device__ __forceinline__ void wait() {
+  cute::warpgroup_wait<kPending>();
+}
+
 // Issue the batch and wait for it; fence the accumulators of every mma in it
 // (fence_operands) before reading them.
 __device__ __forceinline__ void commit_and_wait() {
