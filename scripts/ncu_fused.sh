@@ -1,7 +1,18 @@
-set -x
-nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -lineinfo -Iinclude -Isrc -Ithird_party/cutlass/include benchmarks/tools/fused_phase_profile.cu src/cuda/sm90/gdn_fwd_simple_sm90.cu -o /tmp/ft > /dev/null 2>&1 || exit 1
-ncu --set full --import-source yes -k regex:gdn_fwd_fused -c 1 -o $OUT/prof /tmp/ft > $OUT/ncu.log 2>&1
-tail -3 $OUT/ncu.log
-ncu -i $OUT/prof.ncu-rep --page source --csv --print-source sass > $OUT/source.csv 2>&1
-ncu -i $OUT/prof.ncu-rep --page details --csv > $OUT/details.csv 2>&1
-ls -la $OUT
+#!/usr/bin/env bash
+# On the GPU machine: Nsight Compute profile of the fused forward kernel (first
+# launch of benchmarks/tools/fused_phase_profile.cu, one sequence of 8192
+# tokens), with source-level stall sampling and shared-memory wavefronts per
+# SASS instruction. Writes prof.ncu-rep, source.csv and details.csv to $OUT.
+# Needs third_party/ from scripts/prepare_device.sh.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${OUT:-/tmp/flashqla-ncu}"
+mkdir -p "${out}"
+nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -lineinfo -Iinclude -Isrc -Ithird_party/cutlass/include \
+  benchmarks/tools/fused_phase_profile.cu src/cuda/sm90/gdn_fwd_simple_sm90.cu -o /tmp/fused_ncu > "${out}/ncu-build.log" 2>&1 \
+  || { tail -n 20 "${out}/ncu-build.log"; exit 1; }
+ncu --set full --import-source yes -k regex:gdn_fwd_fused -c 1 -o "${out}/prof" /tmp/fused_ncu > "${out}/ncu.log" 2>&1 \
+  || { tail -n 20 "${out}/ncu.log"; exit 1; }
+ncu -i "${out}/prof.ncu-rep" --page source --csv --print-source sass > "${out}/source.csv" 2>&1
+ncu -i "${out}/prof.ncu-rep" --page details --csv > "${out}/details.csv" 2>&1
+echo "ncu: ${out}/prof.ncu-rep, source.csv, details.csv"

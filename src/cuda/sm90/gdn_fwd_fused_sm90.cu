@@ -160,23 +160,41 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   if (warp >= kStateThreads / 32) {
     // ===== Producer warpgroup: loads, gates, A and T of each chunk, one ahead. =====
     set_max_registers<kProducerRegisters>();
-    const int ptid = tid - kStateThreads, pwarp = warp - kStateThreads / 32;
+    const int pwarp = warp - kStateThreads / 32;
     const T* const q_base = static_cast<const T*>(a.q) + row * a.q_sb + h * a.q_sh;
     const T* const k_base = static_cast<const T*>(a.k) + row * a.k_sb + h * a.k_sh;
     const T* const v_base = static_cast<const T*>(a.v) + row * a.v_sb + hv * a.v_sh;
-    // cp.async of one tile: thread = 16-byte segment ptid % 16 of rows ptid / 16 + 8 m.
-    constexpr int kSegs = kDim / 8, kRowStep = kProducerThreads / kSegs;
-    const int copy_row = ptid / kSegs, copy_seg = (ptid % kSegs) * 8;
+    // cp.async of one tile, without bank conflicts on the shared side: lane =
+    // row lane % 8 of an 8-row block and 16-byte segment lane / 8 of a group of
+    // four (64 contiguous bytes of each of 8 rows a warp); warp w copies row
+    // blocks w and w + 4, all four segment groups.
     auto copy_tile = [&](CoreTile<T, kDim> dst, const T* base, int64_t stride, int64_t t0, int L) {
-      const T* src = base + (t0 + copy_row) * stride + copy_seg;
 #pragma unroll
-      for (int m = 0; m < kChunk / kRowStep; ++m) {
-        const int r = copy_row + m * kRowStep;
+      for (int half = 0; half < 2; ++half) {
+        const int r = (pwarp + 4 * half) * 8 + (lane & 7);
         // Rows past L copy nothing (zero fill) from a valid address.
-        mma::cp_async_16(dst.at(r, copy_seg), r < L ? src + m * kRowStep * stride : base + t0 * stride,
-                         r < L ? 16 : 0);
+        const T* const src = base + (t0 + (r < L ? r : 0)) * stride;
+#pragma unroll
+        for (int sg = 0; sg < kDim / 32; ++sg) {
+          const int seg = (sg * 4 + (lane >> 3)) * 8;
+          mma::cp_async_16(dst.at(r, seg), src + seg, r < L ? 16 : 0);
+        }
       }
     };
+    // Gates of a chunk as read (warp 0, rows 2 lane and 2 lane + 1; zero past
+    // the end), loaded one chunk ahead so their latency hides behind A and T.
+    auto load_gates = [&](int64_t c, float (&gr)[2], float (&br)[2]) {
+      const int64_t tc = bos + c * kChunk;
+      const int Lc = chunk_rows(c);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = 2 * lane + j;
+        gr[j] = r < Lc ? load_float(a.g, a.g_dtype, row * a.g_sb + (tc + r) * a.g_st + hv) : 0.f;
+        br[j] = r < Lc ? load_float(a.beta, a.beta_dtype, row * a.beta_sb + (tc + r) * a.beta_st + hv) : 0.f;
+      }
+    };
+    float g_next[2] = {}, b_next[2] = {};
+    if (pwarp == 0 && n_chunks > 0) load_gates(0, g_next, b_next);
     // Copy groups, in commit order: K(0) before the loop; then in iteration c,
     // Q(c) and V(c), and K(c + 1) (an empty group past the end). K(c + 1) goes
     // to chunk c − 2's k stage, free once the stage-free barrier of c's q/v
@@ -204,13 +222,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         float gr[2], br[2];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int r = 2 * lane + j;
-          const int64_t t = t0 + r;
-          gr[j] = r < L ? load_float(a.g, a.g_dtype, row * a.g_sb + t * a.g_st + hv) : 0.f;
-          br[j] = r < L ? activate_beta(load_float(a.beta, a.beta_dtype, row * a.beta_sb + t * a.beta_st + hv),
-                                        a.beta_activation)
-                        : 0.f;
+          gr[j] = g_next[j];
+          br[j] = 2 * lane + j < L ? activate_beta(b_next[j], a.beta_activation) : 0.f;
         }
+        if (c + 1 < n_chunks) load_gates(c + 1, g_next, b_next);
         const float pair = gr[0] + gr[1];
         float incl = pair;
 #pragma unroll
