@@ -126,8 +126,9 @@ bool use_fused_forward(const ForwardArgs& args) { return fused_forward_supports(
 
 // --- intra-card sequence parallelism (fused kernel) ----------------------------
 // With fewer (sequence, value head) chains than SMs, sequences are cut into
-// pieces (sequence_pieces.h). Off unless FLASHQLA_SEQUENCE_PARALLEL=1;
-// FLASHQLA_PIECE_CHUNKS=n fixes the piece length (for tests).
+// pieces (sequence_pieces.h): by default where that pays (sequence_pieces_pay);
+// FLASHQLA_SEQUENCE_PARALLEL=1 cuts whenever the chains are fewer than the SMs,
+// =0 never. FLASHQLA_PIECE_CHUNKS=n fixes the piece length (for tests).
 int64_t env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::strtoll(v, nullptr, 10) : fallback;
@@ -144,8 +145,11 @@ int sm_count() {
 }
 
 PiecePlan plan_pieces(const Problem& pr, const ForwardArgs& args) {
-  if (!use_fused_forward(args) || env_int("FLASHQLA_SEQUENCE_PARALLEL", 0) == 0) return {};
-  return plan_sequence_pieces(pr.T, pr.N, pr.HV, pr.varlen, sm_count(), env_int("FLASHQLA_PIECE_CHUNKS", 0));
+  if (!use_fused_forward(args)) return {};
+  const int64_t mode = env_int("FLASHQLA_SEQUENCE_PARALLEL", -1);  // -1: by default
+  const int sms = sm_count();
+  if (mode == 0 || (mode < 0 && !sequence_pieces_pay(pr.N, pr.HV, sms))) return {};
+  return plan_sequence_pieces(pr.T, pr.N, pr.HV, pr.varlen, sms, env_int("FLASHQLA_PIECE_CHUNKS", 0));
 }
 
 size_t piece_state_bytes(const Problem& pr, const PiecePlan& plan) {

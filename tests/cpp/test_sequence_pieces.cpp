@@ -13,6 +13,7 @@ namespace {
 
 using flashqla::cuda::plan_sequence_pieces;
 using flashqla::cuda::sequence_piece_count;
+using flashqla::cuda::sequence_pieces_pay;
 
 constexpr int64_t kSms = 132;
 
@@ -71,6 +72,14 @@ TEST(SequencePieces, ForcedPieceLengthAndEmptySequences) {
   EXPECT_EQ(sequence_piece_count(0, 2), 1);
   EXPECT_EQ(sequence_piece_count(128, 2), 1);
   EXPECT_EQ(sequence_piece_count(129, 2), 2);
+}
+
+TEST(SequencePieces, ByDefaultOnlyWhereFewChainsLeaveMostSmsIdle) {
+  EXPECT_TRUE(sequence_pieces_pay(1, 8, kSms));    // 397B TP8, one sequence
+  EXPECT_TRUE(sequence_pieces_pay(1, 32, kSms));   // 32 chains: a quarter of the SMs
+  EXPECT_FALSE(sequence_pieces_pay(1, 64, kSms));  // 397B TP1: the pieces' extra passes cost more
+  EXPECT_FALSE(sequence_pieces_pay(8, 8, kSms));
+  EXPECT_FALSE(sequence_pieces_pay(1, 1, 0));      // no GPU known
 }
 
 }  // namespace

@@ -144,6 +144,7 @@ def test_sequence_pieces_match_oracle(monkeypatch, name, piece_chunks):
     spec = dict(SEQUENCE_PIECE_CASES[name])
     state_v_first = spec.get("state_v_first", False)
     x = make_inputs(dtype=torch.bfloat16, device="cuda", seed=5, **spec)
+    monkeypatch.setenv("FLASHQLA_SEQUENCE_PARALLEL", "0")
     whole = flashqla.chunk_gated_delta_rule(**x, output_final_state=True, state_v_first=state_v_first)
     monkeypatch.setenv("FLASHQLA_SEQUENCE_PARALLEL", "1")
     monkeypatch.setenv("FLASHQLA_PIECE_CHUNKS", piece_chunks)
