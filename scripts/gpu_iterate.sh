@@ -22,6 +22,12 @@ timing_pid=$!
 nvcc "${nvcc_flags[@]}" -DFLASHQLA_FUSED_PROFILE "${tool_sources[@]}" -o /tmp/fused_profile \
   > "${out}/tool-profile.log" 2>&1 &
 profile_pid=$!
+# Each side of the fused kernel alone (FLASHQLA_FUSED_ISOLATE: 1 the state
+# warpgroups, 2 the producer), for standalone phase costs.
+for side in 1 2; do
+  nvcc "${nvcc_flags[@]}" -DFLASHQLA_FUSED_PROFILE -DFLASHQLA_FUSED_ISOLATE=${side} "${tool_sources[@]}" \
+    -o /tmp/fused_isolate_${side} > "${out}/tool-isolate-${side}.log" 2>&1 &
+done
 nvcc "${nvcc_flags[@]}" benchmarks/tools/wgmma_rate.cu -o /tmp/wgmma_rate > "${out}/tool-rate.log" 2>&1 &
 rate_pid=$!
 start=${SECONDS}
@@ -50,7 +56,13 @@ grep -E "\*\*\*|Failed|Skipped" "${out}/ctest.log" | head -n 30
 timeout 120 /tmp/fused_timing > "${out}/timing.log" 2>&1
 timeout 120 /tmp/fused_profile > "${out}/profile.log" 2>&1
 timeout 60 /tmp/wgmma_rate > "${out}/rate.log" 2>&1
+for side in 1 2; do
+  [[ -x /tmp/fused_isolate_${side} ]] && timeout 60 /tmp/fused_isolate_${side} 2>&1 | grep -E "^B=|cycles|state:|producer:|per chunk" \
+    > "${out}/isolate-${side}.log"
+done
 cat "${out}/rate.log" "${out}/profile.log"
+echo "--- state warpgroups alone (producer only hands stages over):"; cat "${out}/isolate-1.log"
+echo "--- producer alone (state warpgroups only release stages):"; cat "${out}/isolate-2.log"
 echo
 echo "| step                        | result |"
 echo "|-----------------------------|--------|"

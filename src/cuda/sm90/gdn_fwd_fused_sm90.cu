@@ -69,6 +69,15 @@ constexpr int kSmemBytes = kOffGate + 4 * kChunk * 4;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 static_assert((kMaxRankedSequences + 1) * 8 <= 6 * kBlockM * 4, "the ranking scratch fits in the M blocks");
 
+// Isolation for kernel development (with FLASHQLA_FUSED_PROFILE only): build
+// with -DFLASHQLA_FUSED_ISOLATE=1 and the producer does its work for the first
+// two chunks only, then just hands stages over (the state warpgroups' standalone
+// cost); =2 and the state warpgroups only release stages (the producer's). The
+// results are garbage; the timings are what it is for.
+#if defined(FLASHQLA_FUSED_ISOLATE) && !defined(FLASHQLA_FUSED_PROFILE)
+#error "FLASHQLA_FUSED_ISOLATE is a profiling mode: it needs FLASHQLA_FUSED_PROFILE"
+#endif
+
 // Phase timing for kernel development: build with -DFLASHQLA_FUSED_PROFILE
 // (benchmarks/tools/fused_phase_profile.cu). Every thread adds the cycles
 // between its phase marks in registers; at the end CTA 0's first state thread
@@ -208,6 +217,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       if (c >= 2) named_sync(kBarStageFree + stage, kThreads);
       if (c >= n_chunks) continue;
       FUSED_PHASE(8);
+#if defined(FLASHQLA_FUSED_ISOLATE) && FLASHQLA_FUSED_ISOLATE == 1
+      if (c >= 2) {
+        named_arrive(kBarChunkReady + stage, kThreads);
+        continue;
+      }
+#endif
       const int64_t t0 = bos + c * kChunk;
       const int L = chunk_rows(c);
       const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = k_tile(c);
@@ -358,6 +373,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(13);
     }
+#ifdef FLASHQLA_FUSED_ISOLATE
+    mma::cp_async_wait_all();
+#endif
     FUSED_PROFILE_END(0);
     return;
   }
@@ -394,6 +412,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     const int L = chunk_rows(c);
     named_sync(kBarChunkReady + stage, kThreads);
     FUSED_PHASE(0);
+#if defined(FLASHQLA_FUSED_ISOLATE) && FLASHQLA_FUSED_ISOLATE == 2
+    named_arrive(kBarStageFree + stage, kThreads);
+    continue;
+#endif
     const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = k_tile(c), vs = stage_tile(sm_v, stage);
     const float* const gam = sm_gamma + stage * kChunk;
     const float* const bet = sm_beta + stage * kChunk;
