@@ -32,7 +32,7 @@ if [[ ${build_rc} -ne 0 ]]; then
 fi
 
 start=${SECONDS}
-ctest --test-dir "${build}" --output-on-failure -j 8 > "${out}/ctest.log" 2>&1
+ctest --test-dir "${build}" --output-on-failure --timeout 120 -j 8 > "${out}/ctest.log" 2>&1
 ctest_rc=$?
 ctest_s=$((SECONDS - start))
 grep -E "Failed|\*\*\*|Skipped" "${out}/ctest.log" | head -n 40

@@ -49,7 +49,7 @@ if [[ ${build_rc} -ne 0 || ${timing_rc} -ne 0 || ${profile_rc} -ne 0 || ${rate_r
 fi
 
 start=${SECONDS}
-ctest --test-dir "${build}" --output-on-failure -j 8 -R "Cuda|Sm90|gpu_" > "${out}/ctest.log" 2>&1
+ctest --test-dir "${build}" --output-on-failure --timeout 120 -j 8 -R "Cuda|Sm90|gpu_" > "${out}/ctest.log" 2>&1
 ctest_rc=$?
 ctest_s=$((SECONDS - start))
 grep -E "\*\*\*|Failed|Skipped" "${out}/ctest.log" | head -n 30

@@ -19,7 +19,13 @@ constexpr int kStateThreads = 256;
 constexpr int kProducerThreads = 128;
 constexpr int kThreads = kStateThreads + kProducerThreads;
 constexpr int kStateRegisters = 208, kProducerRegisters = 88;
-static_assert(kStateThreads * kStateRegisters + kProducerThreads * kProducerRegisters <= 65536, "register file");
+// setmaxnreg.inc takes registers only from those the CTA's own .dec released
+// (it waits otherwise: a deadlock), from the launch allocation of 168 a thread
+// (65536 / 384, rounded down to 8).
+constexpr int kLaunchRegisters = 168;
+static_assert(kStateThreads * (kStateRegisters - kLaunchRegisters) <=
+                  kProducerThreads * (kLaunchRegisters - kProducerRegisters),
+              "the state warpgroups' registers come from the producer's");
 constexpr int kLdF = kChunk + 4;  // row stride of fp32 [64][64] tiles
 
 // Named barriers (0 is __syncthreads): inside the state warpgroups, inside the
@@ -82,7 +88,7 @@ static_assert((kMaxRankedSequences + 1) * 8 <= 6 * kBlockM * 4, "the ranking scr
 // (benchmarks/tools/fused_phase_profile.cu). Every thread adds the cycles
 // between its phase marks in registers; at the end CTA 0's first state thread
 // and first producer thread add theirs to fused_profile_cycles (state phases
-// 0..7, producer phases 8..13, the chunk count in 14), which the tool reads
+// 0..2 and 4..7, producer phases 3 and 8..13, the chunk count in 14), which the tool reads
 // back (no printf: a call in the kernel would serialize its wgmma pipeline).
 #ifdef FLASHQLA_FUSED_PROFILE
 constexpr int kProfileSlots = 15;
@@ -113,6 +119,11 @@ __device__ long long fused_profile_cycles[kProfileSlots];
   do {                       \
   } while (0)
 #endif
+
+// e^x where keep, else 0, without a branch: the exponent is selected (−∞
+// where masked), so masked entries never overflow and the epilogues over the
+// accumulators stay straight-line code.
+__device__ __forceinline__ float masked_exp(bool keep, float x) { return __expf(keep ? x : -INFINITY); }
 
 // acc = X Kᵀ for the 64 rows of a chunk tile X (64 x 64 accumulator, warp w of
 // the warpgroup: rows 16 w..), both operands read K-major from shared memory.
@@ -190,19 +201,22 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         }
       }
     };
-    // Gates of a chunk as read (warp 0, rows 2 lane and 2 lane + 1; zero past
-    // the end), loaded one chunk ahead so their latency hides behind A and T.
-    auto load_gates = [&](int64_t c, float (&gr)[2], float (&br)[2]) {
+    // Gates of a chunk as raw bits (warp 0, rows 2 lane and 2 lane + 1; zero
+    // past the end), loaded one chunk ahead so their latency hides behind A
+    // and T: raw loads, converted only where used (a conversion next to the
+    // load would stall the warp for the global load's latency).
+    auto load_gates = [&](int64_t c, uint32_t (&gr)[2], uint32_t (&br)[2]) {
       const int64_t tc = bos + c * kChunk;
       const int Lc = chunk_rows(c);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int r = 2 * lane + j;
-        gr[j] = r < Lc ? load_float(a.g, a.g_dtype, row * a.g_sb + (tc + r) * a.g_st + hv) : 0.f;
-        br[j] = r < Lc ? load_float(a.beta, a.beta_dtype, row * a.beta_sb + (tc + r) * a.beta_st + hv) : 0.f;
+        const int64_t t = tc + (r < Lc ? r : 0);  // rows past the end read a valid element, then drop it
+        gr[j] = load_raw(a.g, a.g_dtype, row * a.g_sb + t * a.g_st + hv);
+        br[j] = load_raw(a.beta, a.beta_dtype, row * a.beta_sb + t * a.beta_st + hv);
       }
     };
-    float g_next[2] = {}, b_next[2] = {};
+    uint32_t g_next[2] = {}, b_next[2] = {};
     if (pwarp == 0 && n_chunks > 0) load_gates(0, g_next, b_next);
     // Copy groups, in commit order: K(0) before the loop; then in iteration c,
     // Q(c) and V(c), and K(c + 1) (an empty group past the end). K(c + 1) goes
@@ -231,14 +245,16 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       mma::cp_async_commit();
       if (c + 1 < n_chunks) copy_tile(k_tile(c + 1), k_base, a.k_st, t0 + kChunk, chunk_rows(c + 1));
       mma::cp_async_commit();
+      FUSED_PHASE(3);
       float* const gam = sm_gamma + stage * kChunk;
       float* const bet = sm_beta + stage * kChunk;
       if (pwarp == 0) {  // γ = inclusive in-chunk cumsum of g; rows >= L: g = 0, beta = 0
         float gr[2], br[2];
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          gr[j] = g_next[j];
-          br[j] = 2 * lane + j < L ? activate_beta(b_next[j], a.beta_activation) : 0.f;
+          const bool in = 2 * lane + j < L;
+          gr[j] = in ? raw_to_float(g_next[j], a.g_dtype) : 0.f;
+          br[j] = in ? activate_beta(raw_to_float(b_next[j], a.beta_dtype), a.beta_activation) : 0.f;
         }
         if (c + 1 < n_chunks) load_gates(c + 1, g_next, b_next);
         const float pair = gr[0] + gr[1];
@@ -294,13 +310,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int jj = col + e;
-              x[e] = jj < i ? bi * acc[4 * j + 2 * half + e] * __expf(gi - gam[jj]) : 0.f;
+              x[e] = bi * acc[4 * j + 2 * half + e] * masked_exp(jj < i, gi - gam[jj]);
             }
             // Diagonal blocks into T's (inverted there in place), blocks below
             // into their M blocks; those above the diagonal are never read.
             const int bj = j / 2;
-            if (bj == pwarp) {
-              *reinterpret_cast<float2*>(tt + i * kLdF + col) = make_float2(x[0], x[1]);
+            if (bj == pwarp) {  // transposed, as the substitution reads it (conflict-free)
+              tt[col * kLdF + i] = x[0];
+              tt[(col + 1) * kLdF + i] = x[1];
             } else if (bj < pwarp) {
               *reinterpret_cast<float2*>(m_block(pwarp, bj) + (i - 16 * pwarp) * kLdM + col - 16 * bj) =
                   make_float2(x[0], x[1]);
@@ -312,23 +329,26 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       FUSED_PHASE(10);
 
       // T = (I + A)⁻¹: the four 16x16 diagonal blocks by forward substitution
-      // (warp = block, lane = column) in fp32, in place...
+      // (warp = block, lane = column) in fp32, in place, column by column of A:
+      // once x_m is final it updates every later row at once, so the dependent
+      // chain is 15 FMAs deep, and A's column m (stored transposed by the
+      // epilogue above: row m of the block) comes in as four broadcast float4s...
       if (lane < 16) {
         const int b0 = 16 * pwarp;
+        const float* const a_cols = tt + b0 * kLdF + b0;  // a_cols[m kLdF + r] = A[b0 + r][b0 + m]
         float x[16];
 #pragma unroll
-        for (int r = 0; r < 16; ++r) {
-          float acc0 = r == lane ? 1.f : 0.f, acc1 = 0.f;
-          const float* arow = tt + (b0 + r) * kLdF + b0;
+        for (int r = 0; r < 16; ++r) x[r] = r == lane ? 1.f : 0.f;
 #pragma unroll
-          for (int m = 0; m < r; ++m) {
-            if (m & 1) {
-              acc1 -= arow[m] * x[m];
-            } else {
-              acc0 -= arow[m] * x[m];
-            }
+        for (int m = 0; m < 15; ++m) {
+          float col[16];
+#pragma unroll
+          for (int q = (m + 1) / 4; q < 4; ++q) {
+            const float4 v = *reinterpret_cast<const float4*>(a_cols + m * kLdF + 4 * q);
+            col[4 * q] = v.x, col[4 * q + 1] = v.y, col[4 * q + 2] = v.z, col[4 * q + 3] = v.w;
           }
-          x[r] = acc0 + acc1;
+#pragma unroll
+          for (int r = m + 1; r < 16; ++r) x[r] -= col[r] * x[m];
         }
         __syncwarp(0x0000ffffu);  // every lane has read the block
 #pragma unroll
@@ -487,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int jj = col + e;
-            x[e] = jj <= i ? pacc[4 * j + 2 * half + e] * __expf(gi - gam[jj]) : 0.f;
+            x[e] = pacc[4 * j + 2 * half + e] * masked_exp(jj <= i, gi - gam[jj]);
           }
           *reinterpret_cast<uint32_t*>(p_tile.at(i, col)) = M::pack(x[0], x[1]);
         }
@@ -514,8 +534,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     FUSED_PHASE(1);
     named_sync(kBarState, kStateThreads);
     FUSED_PHASE(2);
-
-    FUSED_PHASE(3);
 
     // --- 2. wgmma, A = −W or Q and B = S from shared memory: warpgroup 0
     // Vd = U − W S, warpgroup 1 Q S.
