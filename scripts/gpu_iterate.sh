@@ -48,13 +48,8 @@ if [[ ${build_rc} -ne 0 || ${timing_rc} -ne 0 || ${profile_rc} -ne 0 || ${rate_r
   exit 1
 fi
 
-# A kernel that hangs (a barrier or setmaxnreg deadlock) would otherwise cost
-# every test's timeout: one small GPU forward first, with a short one.
-if ! ctest --test-dir "${build}" --no-tests=error --timeout 30 -R 'GpuForward.MatchesCpuOracle/len1$' > "${out}/probe.log" 2>&1; then
-  tail -n 20 "${out}/probe.log"
-  echo "FIRST GPU FORWARD FAILED OR HUNG (see probe.log)"
-  exit 1
-fi
+source scripts/lib/gpu_probe.sh
+fq_gpu_probe "${build}" "${out}"
 start=${SECONDS}
 ctest --test-dir "${build}" --output-on-failure --timeout 120 -j 8 -R "Cuda|Sm90|gpu_" > "${out}/ctest.log" 2>&1
 ctest_rc=$?

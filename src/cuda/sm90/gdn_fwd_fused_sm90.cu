@@ -20,9 +20,9 @@ constexpr int kProducerThreads = 128;
 constexpr int kThreads = kStateThreads + kProducerThreads;
 constexpr int kStateRegisters = 208, kProducerRegisters = 88;
 // setmaxnreg.inc takes registers only from those the CTA's own .dec released
-// (it waits otherwise: a deadlock), from the launch allocation of 168 a thread
-// (65536 / 384, rounded down to 8).
-constexpr int kLaunchRegisters = 168;
+// (it waits otherwise: a deadlock), from the launch allocation (the register
+// file over the CTA's threads, rounded down to 8: 168).
+constexpr int kLaunchRegisters = (65536 / kThreads) & ~7;
 static_assert(kStateThreads * (kStateRegisters - kLaunchRegisters) <=
                   kProducerThreads * (kLaunchRegisters - kProducerRegisters),
               "the state warpgroups' registers come from the producer's");
@@ -201,17 +201,18 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         }
       }
     };
-    // Gates of a chunk as raw bits (warp 0, rows 2 lane and 2 lane + 1; zero
-    // past the end), loaded one chunk ahead so their latency hides behind A
-    // and T: raw loads, converted only where used (a conversion next to the
-    // load would stall the warp for the global load's latency).
+    // Gates of a chunk as raw bits (warp 0, rows 2 lane and 2 lane + 1; rows
+    // past the end read a valid row and are zeroed where converted), loaded
+    // one chunk ahead so their latency hides behind A and T: converted only
+    // where used (a conversion next to the load would stall the warp for the
+    // global load's latency).
     auto load_gates = [&](int64_t c, uint32_t (&gr)[2], uint32_t (&br)[2]) {
       const int64_t tc = bos + c * kChunk;
       const int Lc = chunk_rows(c);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int r = 2 * lane + j;
-        const int64_t t = tc + (r < Lc ? r : 0);  // rows past the end read a valid element, then drop it
+        const int64_t t = tc + (r < Lc ? r : 0);
         gr[j] = load_raw(a.g, a.g_dtype, row * a.g_sb + t * a.g_st + hv);
         br[j] = load_raw(a.beta, a.beta_dtype, row * a.beta_sb + t * a.beta_st + hv);
       }
