@@ -18,7 +18,7 @@ constexpr int kDim = 128;   // K = V
 constexpr int kStateThreads = 256;
 constexpr int kProducerThreads = 128;
 constexpr int kThreads = kStateThreads + kProducerThreads;
-constexpr int kStateRegisters = 208, kProducerRegisters = 88;
+constexpr int kStateRegisters = 200, kProducerRegisters = 104;
 // setmaxnreg.inc takes registers only from those the CTA's own .dec released
 // (it waits otherwise: a deadlock), from the launch allocation (the register
 // file over the CTA's threads, rounded down to 8: 168).
@@ -125,21 +125,6 @@ __device__ long long fused_profile_cycles[kProfileSlots];
 // accumulators stay straight-line code.
 __device__ __forceinline__ float masked_exp(bool keep, float x) { return __expf(keep ? x : -INFINITY); }
 
-// acc = X Kᵀ for the 64 rows of a chunk tile X (64 x 64 accumulator, warp w of
-// the warpgroup: rows 16 w..), both operands read K-major from shared memory.
-template <typename T>
-__device__ __forceinline__ void rows_times_k_transposed(float (&acc)[kChunk / 2], const CoreTile<T, kDim>& x,
-                                                        const CoreTile<T, kDim>& k_tile) {
-#pragma unroll
-  for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
-  wgmma::fence(acc);
-#pragma unroll
-  for (int k = 0; k < kDim / 16; ++k)
-    wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(x, 16 * k), wgmma::kmajor_desc(k_tile, 16 * k),
-                                                   acc);
-  wgmma::commit_and_wait(acc);
-}
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const ForwardArgs a) {
   using M = mma::Mma<T>;
@@ -220,9 +205,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     uint32_t g_next[2] = {}, b_next[2] = {};
     if (pwarp == 0 && n_chunks > 0) load_gates(0, g_next, b_next);
     // Copy groups, in commit order: K(0) before the loop; then in iteration c,
-    // Q(c) and V(c), and K(c + 1) (an empty group past the end). K(c + 1) goes
-    // to chunk c − 2's k stage, free once the stage-free barrier of c's q/v
-    // stage (the same chunk c − 2) has passed.
+    // Q(c) while A's wgmmas run, V(c) after A, K(c + 1) after the diagonal
+    // inverse (an empty group past the end). K(c + 1) goes to chunk c − 2's k
+    // stage, free once the stage-free barrier of c's q/v stage (the same chunk
+    // c − 2) has passed.
     if (n_chunks > 0) copy_tile(k_tile(0), k_base, a.k_st, bos, chunk_rows(0));
     mma::cp_async_commit();
     FUSED_PROFILE_BEGIN();
@@ -241,12 +227,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       const int64_t t0 = bos + c * kChunk;
       const int L = chunk_rows(c);
       const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = k_tile(c);
-      copy_tile(qs, q_base, a.q_st, t0, L);
-      copy_tile(stage_tile(sm_v, stage), v_base, a.v_st, t0, item.read_v ? L : 0);
-      mma::cp_async_commit();
-      if (c + 1 < n_chunks) copy_tile(k_tile(c + 1), k_base, a.k_st, t0 + kChunk, chunk_rows(c + 1));
-      mma::cp_async_commit();
-      FUSED_PHASE(3);
       float* const gam = sm_gamma + stage * kChunk;
       float* const bet = sm_beta + stage * kChunk;
       if (pwarp == 0) {  // γ = inclusive in-chunk cumsum of g; rows >= L: g = 0, beta = 0
@@ -285,7 +265,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
           for (int e = 0; e < 4; ++e) rowp[e] = T(x[e] * rs);
         }
       };
-      mma::cp_async_wait<2>();          // this thread's K(c) segments
+      FUSED_PHASE(3);
+      mma::cp_async_wait<0>();          // this thread's K(c) segments (the only group in flight)
       wgmma::fence_shared_for_async();  // K is a wgmma operand
       named_sync(kBarProducer, kProducerThreads);
       if (a.use_qk_l2norm) {
@@ -299,7 +280,23 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       float* const tt = sm_t + stage * kChunk * kLdF;
       {
         float acc[kChunk / 2];
-        rows_times_k_transposed(acc, ks, ks);
+#pragma unroll
+        for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
+        wgmma::fence(acc);
+#pragma unroll
+        for (int k = 0; k < kDim / 16; ++k)
+          wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(ks, 16 * k), wgmma::kmajor_desc(ks, 16 * k),
+                                                         acc);
+        wgmma::commit();
+        // The copies go out spread over the chunk's work (Q here, V after A,
+        // K(c + 1) after the diagonal inverse): issued at once, their 48 KB
+        // stall the warp on the load unit's requests in flight for most of a
+        // global round trip; spread, each lands while the next phase computes.
+        copy_tile(qs, q_base, a.q_st, t0, L);
+        mma::cp_async_commit();
+        // The epilogue's factors β_i e^{γ_i − γ_j} (0 on and above the
+        // diagonal) while the wgmmas run.
+        float factor[kChunk / 2];
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = 16 * pwarp + g + 8 * half;
@@ -307,12 +304,21 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
 #pragma unroll
           for (int j = 0; j < kChunk / 8; ++j) {
             const int col = 8 * j + 2 * t4;
-            float x[2];
+            const float2 gj = *reinterpret_cast<const float2*>(gam + col);
+            factor[4 * j + 2 * half] = bi * masked_exp(col < i, gi - gj.x);
+            factor[4 * j + 2 * half + 1] = bi * masked_exp(col + 1 < i, gi - gj.y);
+          }
+        }
+        wgmma::wait<0>();
+        wgmma::fence_operands(acc);
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const int jj = col + e;
-              x[e] = bi * acc[4 * j + 2 * half + e] * masked_exp(jj < i, gi - gam[jj]);
-            }
+        for (int half = 0; half < 2; ++half) {
+          const int i = 16 * pwarp + g + 8 * half;
+#pragma unroll
+          for (int j = 0; j < kChunk / 8; ++j) {
+            const int col = 8 * j + 2 * t4;
+            const float x[2] = {acc[4 * j + 2 * half] * factor[4 * j + 2 * half],
+                                acc[4 * j + 2 * half + 1] * factor[4 * j + 2 * half + 1]};
             // Diagonal blocks into T's (inverted there in place), blocks below
             // into their M blocks; those above the diagonal are never read.
             const int bj = j / 2;
@@ -328,6 +334,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       }
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(10);
+      copy_tile(stage_tile(sm_v, stage), v_base, a.v_st, t0, item.read_v ? L : 0);
+      mma::cp_async_commit();
 
       // T = (I + A)⁻¹: the four 16x16 diagonal blocks by forward substitution
       // (warp = block, lane = column) in fp32, in place, column by column of A:
@@ -357,6 +365,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       }
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(11);
+      if (c + 1 < n_chunks) copy_tile(k_tile(c + 1), k_base, a.k_st, t0 + kChunk, chunk_rows(c + 1));
+      mma::cp_async_commit();
       // ...then M_ik = T_ii A_ik for the six blocks below the diagonal, in place of
       // A_ik (warp w: blocks w and w + 4 of (1,0) (2,1) (3,2) (2,0) (3,1) (3,0))...
       for (int b = pwarp; b < 6; b += 4) {
@@ -381,7 +391,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       }
       FUSED_PHASE(12);
       // Q and V: this thread's segments, then (for l2norm) everyone's.
-      mma::cp_async_wait<1>();
+      mma::cp_async_wait<1>();  // Q(c) and V(c); K(c + 1) may still be in flight
       wgmma::fence_shared_for_async();  // Q and V are wgmma operands
       if (a.use_qk_l2norm) {
         named_sync(kBarProducer, kProducerThreads);
@@ -472,49 +482,51 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     };
 
     // --- 1. Warpgroup 0: P = Q Kᵀ ⊙ Γ lower (both K-major from shared memory)
-    // to shared memory, and U = T diag(β) V (B = V read MN-major), kept as step
-    // 2's accumulator; P's epilogue runs while U's wgmmas do. Warpgroup 1:
-    // −W = −T diag(β e^γ) K (B = K, MN-major) to shared memory.
+    // to shared memory, then U = T diag(β) V (B = V read MN-major), kept as
+    // step 2's accumulator. U's wgmmas go out after P's epilogue: during the
+    // epilogue only P's accumulators and the state are live, so the gates can
+    // be read ahead and the exps pipelined. Warpgroup 1: −W = −T diag(β e^γ) K
+    // (B = K, MN-major) to shared memory.
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; ++i) acc[i] = 0.f;
     if (is_u) {
-      float pacc[kChunk / 2];
+      {
+        float pacc[kChunk / 2];
 #pragma unroll
-      for (int i = 0; i < kChunk / 2; ++i) pacc[i] = 0.f;
+        for (int i = 0; i < kChunk / 2; ++i) pacc[i] = 0.f;
+        wgmma::fence(pacc);
+#pragma unroll
+        for (int k = 0; k < kDim / 16; ++k)
+          wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(qs, 16 * k),
+                                                         wgmma::kmajor_desc(ks, 16 * k), pacc);
+        wgmma::commit();
+        // The gates of this thread's rows and columns, read while the wgmmas run.
+        float2 g_col[kChunk / 8];
+#pragma unroll
+        for (int j = 0; j < kChunk / 8; ++j) g_col[j] = *reinterpret_cast<const float2*>(gam + 8 * j + 2 * t4);
+        const float g_row[2] = {gam[16 * wr + g], gam[16 * wr + g + 8]};
+        wgmma::wait<0>();
+        wgmma::fence_operands(pacc);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 16 * wr + g + 8 * half;
+#pragma unroll
+          for (int j = 0; j < kChunk / 8; ++j) {
+            const int col = 8 * j + 2 * t4;
+            const float x0 = pacc[4 * j + 2 * half] * masked_exp(col <= i, g_row[half] - g_col[j].x);
+            const float x1 = pacc[4 * j + 2 * half + 1] * masked_exp(col + 1 <= i, g_row[half] - g_col[j].y);
+            *reinterpret_cast<uint32_t*>(p_tile.at(i, col)) = M::pack(x0, x1);
+          }
+        }
+      }
       uint32_t af[kChunk / 16][4];
       t_fragments(af, false);
-      wgmma::fence_operands(pacc);
       wgmma::fence(acc);
-#pragma unroll
-      for (int k = 0; k < kDim / 16; ++k)
-        wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(qs, 16 * k), wgmma::kmajor_desc(ks, 16 * k),
-                                                       pacc);
-      wgmma::commit();
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb)
         wgmma::mma_b_mn<T, kDim>(af[kb], wgmma::mnmajor_desc(vs, 16 * kb), acc);
-      wgmma::commit();
-      wgmma::wait<1>();
-      wgmma::fence_operands(pacc);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = 16 * wr + g + 8 * half;
-        const float gi = gam[i];
-#pragma unroll
-        for (int j = 0; j < kChunk / 8; ++j) {
-          const int col = 8 * j + 2 * t4;
-          float x[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int jj = col + e;
-            x[e] = pacc[4 * j + 2 * half + e] * masked_exp(jj <= i, gi - gam[jj]);
-          }
-          *reinterpret_cast<uint32_t*>(p_tile.at(i, col)) = M::pack(x[0], x[1]);
-        }
-      }
-      wgmma::wait<0>();
-      wgmma::fence_operands(acc);
+      wgmma::commit_and_wait(acc);
     } else {
       uint32_t af[kChunk / 16][4];
       t_fragments(af, true);
