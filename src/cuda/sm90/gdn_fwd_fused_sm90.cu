@@ -3,6 +3,8 @@
 #include "core/trace.h"
 #include "cuda/sm90/device_common.cuh"
 #include "cuda/sm90/forward_work_item.cuh"
+#include "cuda/sm90/tma_load.cuh"
+#include "cuda/sm90/token_tensor_map.h"
 #include "cuda/sm90/warp_mma.cuh"
 #include "cuda/sm90/warpgroup_mma.cuh"
 
@@ -71,7 +73,8 @@ constexpr int kOffP = kOffVd + kTile16;
 constexpr int kOffM = kOffP + kChunk * kChunk * 2;
 constexpr int kOffT = kOffM + 6 * kBlockM * 4;
 constexpr int kOffGate = kOffT + 2 * kTileF;
-constexpr int kSmemBytes = kOffGate + 4 * kChunk * 4;
+constexpr int kOffBar = kOffGate + 4 * kChunk * 4;  // mbarriers: k stages, then q/v stages
+constexpr int kSmemBytes = kOffBar + (kKStages + 2) * 8;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 static_assert((kMaxRankedSequences + 1) * 8 <= 6 * kBlockM * 4, "the ranking scratch fits in the M blocks");
 
@@ -125,8 +128,14 @@ __device__ long long fused_profile_cycles[kProfileSlots];
 // accumulators stay straight-line code.
 __device__ __forceinline__ float masked_exp(bool keep, float x) { return __expf(keep ? x : -INFINITY); }
 
+// The tensor maps of q, k and v (tma_load.cuh), a kernel parameter.
+struct TokenMaps {
+  CUtensorMap q, k, v;
+};
+
 template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const ForwardArgs a) {
+__global__ void __launch_bounds__(kThreads, 1)
+    gdn_fwd_fused_kernel(const ForwardArgs a, const __grid_constant__ TokenMaps maps) {
   using M = mma::Mma<T>;
   extern __shared__ __align__(128) unsigned char smem[];
   T* const sm_q = reinterpret_cast<T*>(smem + kOffQ);
@@ -155,9 +164,19 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
   const int64_t row = item.seq.row, eos = item.seq.eos;
   const int64_t bos = item.seq.bos + item.chunk_begin * kChunk;  // the item's first token
   const int64_t n_chunks = __shfl_sync(0xffffffffu, item.chunk_end - item.chunk_begin, 0);
-  auto stage_tile = [&](T* tiles, int stage) { return CoreTile<T, kDim>{tiles + stage * kChunk * kDim}; };
+  // q, k and v tiles land from TMA column block outermost.
+  auto stage_tile = [&](T* tiles, int stage) { return mma::ColumnBlockTile<T, kChunk>{tiles + stage * kChunk * kDim}; };
   auto k_tile = [&](int64_t c) { return stage_tile(sm_k, int(c % kKStages)); };
   auto chunk_rows = [&](int64_t c) { return int(min64(kChunk, eos - bos - c * kChunk)); };
+
+  // The loads' completion: one barrier a k stage, one a q/v stage.
+  uint64_t* const bar_k = reinterpret_cast<uint64_t*>(smem + kOffBar);
+  uint64_t* const bar_qv = bar_k + kKStages;
+  if (tid == 0) {
+    for (int i = 0; i < kKStages + 2; ++i) tma::barrier_init(bar_k + i, 1);
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
 
   // Block (i, k), i > k, below T's diagonal: A_ik, then M_ik.
   auto m_block = [&](int i, int k) { return sm_m + (i * (i - 1) / 2 + k) * kBlockM; };
@@ -166,23 +185,63 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     // ===== Producer warpgroup: loads, gates, A and T of each chunk, one ahead. =====
     set_max_registers<kProducerRegisters>();
     const int pwarp = warp - kStateThreads / 32;
-    const T* const q_base = static_cast<const T*>(a.q) + row * a.q_sb + h * a.q_sh;
-    const T* const k_base = static_cast<const T*>(a.k) + row * a.k_sb + h * a.k_sh;
-    const T* const v_base = static_cast<const T*>(a.v) + row * a.v_sb + hv * a.v_sh;
-    // cp.async of one tile, without bank conflicts on the shared side: lane =
-    // row lane % 8 of an 8-row block and 16-byte segment lane / 8 of a group of
-    // four (64 contiguous bytes of each of 8 rows a warp); warp w copies row
-    // blocks w and w + 4, all four segment groups.
-    auto copy_tile = [&](CoreTile<T, kDim> dst, const T* base, int64_t stride, int64_t t0, int L) {
+#if defined(FLASHQLA_FUSED_ISOLATE) && FLASHQLA_FUSED_ISOLATE == 1
+    constexpr int64_t kLoadedChunks = 2;  // the producer works on these only
+#else
+    constexpr int64_t kLoadedChunks = INT64_MAX;
+#endif
+    // One thread issues the loads (TMA: the whole tile in one instruction,
+    // nothing in the load unit's queues), every producer thread waits for them
+    // on the stage's barrier. Chunk c's k stage is c % 3 (its (c / 3)-th use),
+    // its q/v stage c % 2 (its (c / 2)-th use).
+    const bool loader = tid == kStateThreads;
+    const int head_qk = int(h), head_v = int(hv), brow = int(row);
+    auto load_k = [&](int64_t c) {
+      uint64_t* const bar = bar_k + c % kKStages;
+      tma::arrive_expect_bytes(bar, kTile16);
+      tma::load_token_tile(k_tile(c).base, &maps.k, bar, int(bos + c * kChunk), head_qk, brow);
+    };
+    auto load_qv = [&](int64_t c, int stage) {
+      uint64_t* const bar = bar_qv + stage;
+      tma::arrive_expect_bytes(bar, item.read_v ? 2 * kTile16 : kTile16);
+      tma::load_token_tile(stage_tile(sm_q, stage).base, &maps.q, bar, int(bos + c * kChunk), head_qk, brow);
+      if (item.read_v)
+        tma::load_token_tile(stage_tile(sm_v, stage).base, &maps.v, bar, int(bos + c * kChunk), head_v, brow);
+    };
+    // Rows of a landed tile (warp: row blocks w and w + 4; lane: row lane % 8,
+    // 16-byte segments lane / 8 + 4 s of it, conflict-free): rows >= L zeroed
+    // (past a packed sequence's end they hold the next sequence's tokens), the
+    // others scaled to x · rsqrt(Σx² + 1e-6) where normalize.
+    auto prepare_rows = [&](mma::ColumnBlockTile<T, kChunk> tile, int L, bool normalize) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = (pwarp + 4 * half) * 8 + (lane & 7);
-        // Rows past L copy nothing (zero fill) from a valid address.
-        const T* const src = base + (t0 + (r < L ? r : 0)) * stride;
+        uint4* seg[4];
 #pragma unroll
-        for (int sg = 0; sg < kDim / 32; ++sg) {
-          const int seg = (sg * 4 + (lane >> 3)) * 8;
-          mma::cp_async_16(dst.at(r, seg), src + seg, r < L ? 16 : 0);
+        for (int s4 = 0; s4 < 4; ++s4) seg[s4] = reinterpret_cast<uint4*>(tile.at(r, 8 * ((lane >> 3) + 4 * s4)));
+        if (r >= L) {
+#pragma unroll
+          for (int s4 = 0; s4 < 4; ++s4) *seg[s4] = make_uint4(0u, 0u, 0u, 0u);
+        }
+        if (!normalize) continue;
+        uint4 raw[4];
+        float ss = 0.f;
+#pragma unroll
+        for (int s4 = 0; s4 < 4; ++s4) {
+          raw[s4] = *seg[s4];
+          const T* e = reinterpret_cast<const T*>(&raw[s4]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) ss += float(e[i]) * float(e[i]);
+        }
+        ss += __shfl_xor_sync(0xffffffffu, ss, 8);
+        ss += __shfl_xor_sync(0xffffffffu, ss, 16);
+        const float rs = rsqrtf(ss + 1e-6f);
+#pragma unroll
+        for (int s4 = 0; s4 < 4; ++s4) {
+          T* e = reinterpret_cast<T*>(&raw[s4]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) e[i] = T(float(e[i]) * rs);
+          *seg[s4] = raw[s4];
         }
       }
     };
@@ -204,13 +263,17 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     };
     uint32_t g_next[2] = {}, b_next[2] = {};
     if (pwarp == 0 && n_chunks > 0) load_gates(0, g_next, b_next);
-    // Copy groups, in commit order: K(0) before the loop; then in iteration c,
-    // Q(c) while A's wgmmas run, V(c) after A, K(c + 1) after the diagonal
-    // inverse (an empty group past the end). K(c + 1) goes to chunk c − 2's k
-    // stage, free once the stage-free barrier of c's q/v stage (the same chunk
-    // c − 2) has passed.
-    if (n_chunks > 0) copy_tile(k_tile(0), k_base, a.k_st, bos, chunk_rows(0));
-    mma::cp_async_commit();
+    if (!item.read_v) {  // v = 0 (a piece's transition): both v stages zeroed once, never loaded
+      for (int i = tid - kStateThreads; i < 2 * kTile16 / 16; i += kProducerThreads)
+        reinterpret_cast<uint4*>(sm_v)[i] = make_uint4(0u, 0u, 0u, 0u);
+      wgmma::fence_shared_for_async();
+    }
+    if (loader && n_chunks > 0) {
+      tma::prefetch_map(&maps.q);
+      tma::prefetch_map(&maps.k);
+      tma::prefetch_map(&maps.v);
+      load_k(0);
+    }
     FUSED_PROFILE_BEGIN();
     for (int64_t c = 0; c < n_chunks + 2; ++c) {
       const int stage = int(c & 1);
@@ -218,15 +281,19 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       if (c >= 2) named_sync(kBarStageFree + stage, kThreads);
       if (c >= n_chunks) continue;
       FUSED_PHASE(8);
-#if defined(FLASHQLA_FUSED_ISOLATE) && FLASHQLA_FUSED_ISOLATE == 1
-      if (c >= 2) {
+      if (c >= kLoadedChunks) {
         named_arrive(kBarChunkReady + stage, kThreads);
         continue;
       }
-#endif
-      const int64_t t0 = bos + c * kChunk;
+      // Q(c) and V(c) into the stage chunk c − 2 released, K(c + 1) into chunk
+      // c − 2's k stage (released by the same barrier).
+      if (loader) {
+        tma::fence_generic_before_async();
+        load_qv(c, stage);
+        if (c + 1 < n_chunks && c + 1 < kLoadedChunks) load_k(c + 1);
+      }
       const int L = chunk_rows(c);
-      const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = k_tile(c);
+      const auto qs = stage_tile(sm_q, stage), ks = k_tile(c), vs = stage_tile(sm_v, stage);
       float* const gam = sm_gamma + stage * kChunk;
       float* const bet = sm_beta + stage * kChunk;
       if (pwarp == 0) {  // γ = inclusive in-chunk cumsum of g; rows >= L: g = 0, beta = 0
@@ -250,30 +317,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         bet[2 * lane] = br[0];
         bet[2 * lane + 1] = br[1];
       }
-      // x · rsqrt(Σx² + 1e-6) for each row of a tile; warp: 16 rows, lane: 4 columns.
-      auto l2_normalize_rows = [&](CoreTile<T, kDim> tile) {
-        for (int rr = 0; rr < kChunk / 4; ++rr) {
-          T* const rowp = tile.at(pwarp * (kChunk / 4) + rr, 4 * lane);
-          float x[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e) x[e] = float(rowp[e]);
-          float ss = x[0] * x[0] + x[1] * x[1] + x[2] * x[2] + x[3] * x[3];
-#pragma unroll
-          for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-          const float rs = rsqrtf(ss + 1e-6f);
-#pragma unroll
-          for (int e = 0; e < 4; ++e) rowp[e] = T(x[e] * rs);
-        }
-      };
       FUSED_PHASE(3);
-      mma::cp_async_wait<0>();          // this thread's K(c) segments (the only group in flight)
-      wgmma::fence_shared_for_async();  // K is a wgmma operand
-      named_sync(kBarProducer, kProducerThreads);
-      if (a.use_qk_l2norm) {
-        l2_normalize_rows(ks);
-        wgmma::fence_shared_for_async();
-        named_sync(kBarProducer, kProducerThreads);
+      tma::wait(bar_k + c % kKStages, uint32_t(c / kKStages) & 1u);
+      if (L < kChunk || a.use_qk_l2norm) {
+        prepare_rows(ks, L, a.use_qk_l2norm);
+        wgmma::fence_shared_for_async();  // K is a wgmma operand
       }
+      named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(9);
 
       // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32 (wgmma m64n64, both operands K-major).
@@ -288,12 +338,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
           wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(ks, 16 * k), wgmma::kmajor_desc(ks, 16 * k),
                                                          acc);
         wgmma::commit();
-        // The copies go out spread over the chunk's work (Q here, V after A,
-        // K(c + 1) after the diagonal inverse): issued at once, their 48 KB
-        // stall the warp on the load unit's requests in flight for most of a
-        // global round trip; spread, each lands while the next phase computes.
-        copy_tile(qs, q_base, a.q_st, t0, L);
-        mma::cp_async_commit();
         // The epilogue's factors β_i e^{γ_i − γ_j} (0 on and above the
         // diagonal) while the wgmmas run.
         float factor[kChunk / 2];
@@ -334,8 +378,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       }
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(10);
-      copy_tile(stage_tile(sm_v, stage), v_base, a.v_st, t0, item.read_v ? L : 0);
-      mma::cp_async_commit();
 
       // T = (I + A)⁻¹: the four 16x16 diagonal blocks by forward substitution
       // (warp = block, lane = column) in fp32, in place, column by column of A:
@@ -365,8 +407,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       }
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(11);
-      if (c + 1 < n_chunks) copy_tile(k_tile(c + 1), k_base, a.k_st, t0 + kChunk, chunk_rows(c + 1));
-      mma::cp_async_commit();
       // ...then M_ik = T_ii A_ik for the six blocks below the diagonal, in place of
       // A_ik (warp w: blocks w and w + 4 of (1,0) (2,1) (3,2) (2,0) (3,1) (3,0))...
       for (int b = pwarp; b < 6; b += 4) {
@@ -390,13 +430,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
         }
       }
       FUSED_PHASE(12);
-      // Q and V: this thread's segments, then (for l2norm) everyone's.
-      mma::cp_async_wait<1>();  // Q(c) and V(c); K(c + 1) may still be in flight
-      wgmma::fence_shared_for_async();  // Q and V are wgmma operands
-      if (a.use_qk_l2norm) {
-        named_sync(kBarProducer, kProducerThreads);
-        l2_normalize_rows(qs);
-        wgmma::fence_shared_for_async();
+      tma::wait(bar_qv + stage, uint32_t(c >> 1) & 1u);  // Q(c) and V(c)
+      if (L < kChunk || a.use_qk_l2norm) {
+        prepare_rows(qs, L, a.use_qk_l2norm);
+        if (L < kChunk && item.read_v) prepare_rows(vs, L, false);
+        wgmma::fence_shared_for_async();  // Q and V are wgmma operands
       }
       // The chunk is ready: its q, k, v, gates and T.
       named_arrive(kBarChunkReady + stage, kThreads);
@@ -404,9 +442,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(13);
     }
-#ifdef FLASHQLA_FUSED_ISOLATE
-    mma::cp_async_wait_all();
-#endif
     FUSED_PROFILE_END(0);
     return;
   }
@@ -447,7 +482,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     named_arrive(kBarStageFree + stage, kThreads);
     continue;
 #endif
-    const CoreTile<T, kDim> qs = stage_tile(sm_q, stage), ks = k_tile(c), vs = stage_tile(sm_v, stage);
+    const auto qs = stage_tile(sm_q, stage), ks = k_tile(c), vs = stage_tile(sm_v, stage);
     const float* const gam = sm_gamma + stage * kChunk;
     const float* const bet = sm_beta + stage * kChunk;
     const float* const tt = sm_t + stage * kChunk * kLdF;
@@ -551,12 +586,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_fwd_fused_kernel(const Forwar
     // --- 2. wgmma, A = −W or Q and B = S from shared memory: warpgroup 0
     // Vd = U − W S, warpgroup 1 Q S.
     {
-      const CoreTile<T, kDim> x = is_u ? w_tile : qs;
       wgmma::fence(acc);
 #pragma unroll
-      for (int k = 0; k < 8; ++k)
-        wgmma::mma_ss<T, kDim, wgmma::kK, wgmma::kMN>(wgmma::kmajor_desc(x, 16 * k), wgmma::mnmajor_desc(s_copy, 16 * k),
-                                                      acc);
+      for (int k = 0; k < 8; ++k) {
+        const uint64_t x = is_u ? wgmma::kmajor_desc(w_tile, 16 * k) : wgmma::kmajor_desc(qs, 16 * k);
+        wgmma::mma_ss<T, kDim, wgmma::kK, wgmma::kMN>(x, wgmma::mnmajor_desc(s_copy, 16 * k), acc);
+      }
       wgmma::commit_and_wait(acc);
     }
     FUSED_PHASE(4);
@@ -655,9 +690,17 @@ cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const int64_t blocks = work_item_count(args);
   if (blocks == 0) return cudaSuccess;
+  TokenMaps maps;
+  const int64_t rows = args.cu_seqlens != nullptr ? 1 : args.N;
+  err = encode_token_tile_map(&maps.q, args.q, args.token_dtype, rows, args.T, args.H, args.q_sb, args.q_st, args.q_sh);
+  if (err == cudaSuccess)
+    err = encode_token_tile_map(&maps.k, args.k, args.token_dtype, rows, args.T, args.H, args.k_sb, args.k_st, args.k_sh);
+  if (err == cudaSuccess)
+    err = encode_token_tile_map(&maps.v, args.v, args.token_dtype, rows, args.T, args.HV, args.v_sb, args.v_st, args.v_sh);
+  if (err != cudaSuccess) return err;
   FLASHQLA_PLAN("gdn_fwd_fused_kernel: pass=%d grid=%lld block=%d smem=%d bytes (chunk %d, K=V=%d, piece %lld chunks)",
                 args.piece_pass, (long long)blocks, kThreads, kSmemBytes, kChunk, kDim, (long long)args.piece_chunks);
-  gdn_fwd_fused_kernel<T><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(args);
+  gdn_fwd_fused_kernel<T><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(args, maps);
   return cudaGetLastError();
 }
 

@@ -135,6 +135,17 @@ struct CoreTile {
   }
 };
 
+// - ColumnBlockTile: the same core matrices, column block outermost: the row
+//   blocks of a column block 128 bytes apart, column blocks kRows * 16 bytes
+//   apart (the order a TMA box lands in, tma_load.cuh).
+template <typename T, int kRows>
+struct ColumnBlockTile {
+  T* base;
+  __device__ __forceinline__ T* at(int r, int c) const {
+    return base + (c >> 3) * (kRows * 8) + (r >> 3) * 64 + (r & 7) * 8 + (c & 7);
+  }
+};
+
 // A fragment of the 16x16 block at (r0, c0) of an [m][k] tile.
 template <typename Tile>
 __device__ __forceinline__ void load_a(uint32_t (&a)[4], const Tile& tile, int r0, int c0, int lane) {

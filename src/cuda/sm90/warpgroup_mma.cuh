@@ -49,6 +49,17 @@ __device__ __forceinline__ uint64_t mnmajor_desc(const mma::CoreTile<T, kCols>& 
   return make_desc(tile.at(k0, mn0), kCols * 16, 128);
 }
 
+// The same two for a ColumnBlockTile [kRows][..]: core matrices adjacent in
+// the columns kRows * 16 bytes apart, in the rows 128 bytes apart.
+template <typename T, int kRows>
+__device__ __forceinline__ uint64_t kmajor_desc(const mma::ColumnBlockTile<T, kRows>& tile, int k0) {
+  return make_desc(tile.at(0, k0), kRows * 16, 128);
+}
+template <typename T, int kRows>
+__device__ __forceinline__ uint64_t mnmajor_desc(const mma::ColumnBlockTile<T, kRows>& tile, int k0, int mn0 = 0) {
+  return make_desc(tile.at(k0, mn0), 128, kRows * 16);
+}
+
 // The instruction for 16-bit T, N columns and B's major-ness (A: registers).
 template <typename T, int N, cute::SM90::GMMA::Major B>
 struct Op;

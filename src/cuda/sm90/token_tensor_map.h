@@ -1,0 +1,59 @@
+// Host side of the fused forward's TMA loads: the tensor map of q, k or v
+// (tma_load.cuh describes its five dimensions and the tile it lands).
+// cuTensorMapEncodeTiled comes from the driver through the runtime's entry
+// point query, so nothing links libcuda.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "flashqla/flashqla.h"
+
+namespace flashqla::cuda {
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+inline EncodeTiledFn encode_tiled_entry() {
+  static const EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found) !=
+            cudaSuccess ||
+        found != cudaDriverEntryPointSuccess)
+      return static_cast<EncodeTiledFn>(nullptr);
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+// The map of a [rows][tokens][heads][128] 16-bit tensor with element strides
+// (row, token, head) and a contiguous last dimension, for tiles of 64 tokens.
+// Returns cudaErrorInvalidValue where the driver refuses it (or is too old).
+inline cudaError_t encode_token_tile_map(CUtensorMap* map, const void* base, flashqla_dtype_t dtype, int64_t rows,
+                                         int64_t tokens, int64_t heads, int64_t row_stride, int64_t token_stride,
+                                         int64_t head_stride) {
+  const EncodeTiledFn encode = encode_tiled_entry();
+  if (encode == nullptr) return cudaErrorInvalidValue;
+  const CUtensorMapDataType type =
+      dtype == FLASHQLA_DTYPE_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  // A dimension of extent 1 is never stepped along; its stride only has to be valid.
+  auto stride_bytes = [](int64_t extent, int64_t stride) {
+    return static_cast<cuuint64_t>(extent > 1 ? stride * 2 : 16);
+  };
+  auto at_least_one = [](int64_t n) { return static_cast<cuuint64_t>(n > 0 ? n : 1); };
+  const cuuint64_t dims[5] = {8, at_least_one(tokens), 16, at_least_one(heads), at_least_one(rows)};
+  const cuuint64_t strides[4] = {stride_bytes(tokens, token_stride), 16, stride_bytes(heads, head_stride),
+                                 stride_bytes(rows, row_stride)};
+  const cuuint32_t box[5] = {8, 64, 16, 1, 1};
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  const CUresult r = encode(map, type, 5, const_cast<void*>(base), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+}  // namespace flashqla::cuda
