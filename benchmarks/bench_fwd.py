@@ -132,9 +132,21 @@ def environment():
 
 
 def chunk_latency_us(flush, reps):
-    """Serial latency of one (sequence, head) chain: one sequence of 8192 tokens, one head."""
+    """Serial latency of one (sequence, head) chain: one sequence of 8192 tokens, one head.
+
+    Sequence pieces are turned off for it: cut into pieces, the sequence would run
+    on many SMs at once and the time per chunk would no longer be a chain's latency.
+    """
     x = make_inputs([8192], 1, 1)
-    ms, _ = time_graph(lambda: flashqla.chunk_gated_delta_rule(**x), flush, reps)
+    saved = os.environ.get("FLASHQLA_SEQUENCE_PARALLEL")
+    os.environ["FLASHQLA_SEQUENCE_PARALLEL"] = "0"
+    try:
+        ms, _ = time_graph(lambda: flashqla.chunk_gated_delta_rule(**x), flush, reps)
+    finally:
+        if saved is None:
+            del os.environ["FLASHQLA_SEQUENCE_PARALLEL"]
+        else:
+            os.environ["FLASHQLA_SEQUENCE_PARALLEL"] = saved
     return ms * 1000 / (8192 / 64)
 
 
@@ -144,12 +156,17 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rows", default="", help="regular expression: keep rows whose 'model,seqlens' it matches "
                                                 "(e.g. 'TP8,1x' or '^397B/122B TP1,')")
+    ap.add_argument("--min-pairs", type=int, default=0,
+                    help="keep rows with at least this many (sequence, value-head) pairs (128: the rows of the "
+                         "speed acceptance)")
     ap.add_argument("--no-fla", action="store_true", help="time flashqla only")
     args = ap.parse_args(argv)
 
     rows = list(csv.DictReader(ANCHORS.open()))
     if args.rows:
         rows = [r for r in rows if re.search(args.rows, f"{r['model']},{r['seqlens']}")]
+    if args.min_pairs:
+        rows = [r for r in rows if len(parse_seqlens(r["seqlens"])) * int(r["h_v"]) >= args.min_pairs]
     fla = None if args.no_fla else fla_forward()
     flush = L2Flush()
     results = []
