@@ -710,11 +710,20 @@ bool fused_forward_supports(const ForwardArgs& a) {
   if (a.K != kDim || a.V != kDim) return false;
   if (a.token_dtype != FLASHQLA_DTYPE_BFLOAT16 && a.token_dtype != FLASHQLA_DTYPE_FLOAT16) return false;
   if (a.o_dtype != a.token_dtype) return false;
-  // cp.async moves 16-byte row segments; o is written as pairs of elements.
+  // TMA (token_tensor_map.h) needs 16-byte aligned bases and strides that are
+  // positive multiples of 16 bytes along every dimension it steps (a broadcast
+  // view's zero stride goes to the simple kernel); o is written as pairs of elements.
   for (const void* p : {a.q, a.k, a.v})
     if (!aligned(p, 16)) return false;
-  for (int64_t s : {a.q_sb, a.q_st, a.q_sh, a.k_sb, a.k_st, a.k_sh, a.v_sb, a.v_st, a.v_sh})
-    if (s % 8 != 0) return false;
+  const int64_t rows = a.cu_seqlens != nullptr ? 1 : a.N;
+  auto tma_stride_ok = [](int64_t extent, int64_t s) {
+    return extent <= 1 || (s > 0 && s % 8 == 0 && s < (int64_t(1) << 39));
+  };
+  for (int64_t s : {a.q_sb, a.k_sb, a.v_sb})
+    if (!tma_stride_ok(rows, s)) return false;
+  for (int64_t s : {a.q_st, a.k_st, a.v_st})
+    if (!tma_stride_ok(a.T, s)) return false;
+  if (!tma_stride_ok(a.H, a.q_sh) || !tma_stride_ok(a.H, a.k_sh) || !tma_stride_ok(a.HV, a.v_sh)) return false;
   if (!aligned(a.o, 4) || a.o_sb % 2 != 0 || a.o_st % 2 != 0 || a.o_sh % 2 != 0) return false;
   return true;
 }

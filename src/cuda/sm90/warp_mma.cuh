@@ -1,6 +1,6 @@
 // Warp-level tensor-core building blocks: mma.sync m16n8k16 (bf16 / fp16 in,
 // fp32 accumulate), ldmatrix fragment loads from padded row-major shared
-// tiles, cp.async 16-byte copies with zero fill, and fp32 -> 16-bit packing.
+// tiles, and fp32 -> 16-bit packing.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16; g = lane / 4, t = lane % 4):
 //   A 16x16: a0 (g, 2t..2t+1)  a1 (g+8, 2t..)  a2 (g, 2t+8..)  a3 (g+8, 2t+8..)
@@ -171,17 +171,5 @@ template <typename Tile>
 __device__ __forceinline__ void load_b_kn(uint32_t (&b)[4], const Tile& tile, int k0, int n0, int lane) {
   ldsm_x4_trans(b, tile.at(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), n0 + ((lane >> 4) << 3)));
 }
-
-// 16-byte global -> shared copy; src_bytes = 0 fills the destination with zeros.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most kPending of this thread's committed groups are in flight.
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { cp_async_wait<0>(); }
 
 }  // namespace flashqla::cuda::mma
