@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "cuda/fused_forward_support.h"
 #include "cuda/sm90/cu_seqlens_check_sm90.h"
 #include "cuda/sequence_pieces.h"
 #include "cuda/sm90/gdn_fwd_fused_sm90.h"

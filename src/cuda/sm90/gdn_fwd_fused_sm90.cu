@@ -681,8 +681,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-bool aligned(const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-
 template <typename T>
 cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
   cudaError_t err =
@@ -705,28 +703,6 @@ cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
 }
 
 }  // namespace
-
-bool fused_forward_supports(const ForwardArgs& a) {
-  if (a.K != kDim || a.V != kDim) return false;
-  if (a.token_dtype != FLASHQLA_DTYPE_BFLOAT16 && a.token_dtype != FLASHQLA_DTYPE_FLOAT16) return false;
-  if (a.o_dtype != a.token_dtype) return false;
-  // TMA (token_tensor_map.h) needs 16-byte aligned bases and strides that are
-  // positive multiples of 16 bytes along every dimension it steps (a broadcast
-  // view's zero stride goes to the simple kernel); o is written as pairs of elements.
-  for (const void* p : {a.q, a.k, a.v})
-    if (!aligned(p, 16)) return false;
-  const int64_t rows = a.cu_seqlens != nullptr ? 1 : a.N;
-  auto tma_stride_ok = [](int64_t extent, int64_t s) {
-    return extent <= 1 || (s > 0 && s % 8 == 0 && s < (int64_t(1) << 39));
-  };
-  for (int64_t s : {a.q_sb, a.k_sb, a.v_sb})
-    if (!tma_stride_ok(rows, s)) return false;
-  for (int64_t s : {a.q_st, a.k_st, a.v_st})
-    if (!tma_stride_ok(a.T, s)) return false;
-  if (!tma_stride_ok(a.H, a.q_sh) || !tma_stride_ok(a.H, a.k_sh) || !tma_stride_ok(a.HV, a.v_sh)) return false;
-  if (!aligned(a.o, 4) || a.o_sb % 2 != 0 || a.o_st % 2 != 0 || a.o_sh % 2 != 0) return false;
-  return true;
-}
 
 cudaError_t launch_gdn_fwd_fused(const ForwardArgs& args, cudaStream_t stream) {
   return args.token_dtype == FLASHQLA_DTYPE_BFLOAT16 ? launch_typed<__nv_bfloat16>(args, stream)

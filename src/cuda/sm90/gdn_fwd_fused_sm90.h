@@ -13,11 +13,8 @@
 
 namespace flashqla::cuda {
 
-// Whether the fused kernel covers this call (sizes, dtypes, alignment); the
-// simple kernel runs everything else.
-bool fused_forward_supports(const ForwardArgs& args);
-
-// Enqueues the forward on `stream`; returns the launch status.
+// Enqueues the forward on `stream` for a call that fused_forward_supports
+// (cuda/fused_forward_support.h) accepts; returns the launch status.
 cudaError_t launch_gdn_fwd_fused(const ForwardArgs& args, cudaStream_t stream);
 
 }  // namespace flashqla::cuda

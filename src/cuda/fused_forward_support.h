@@ -1,0 +1,40 @@
+// Which forward calls the fused sm_90a kernel (gdn_fwd_fused_sm90.cu) covers;
+// the simple kernel runs everything else. Host-only and header-only, so the
+// rules are unit-tested without a GPU (tests/cpp/test_fused_forward_support.cpp).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+
+#include "cuda/forward_args.h"
+
+namespace flashqla::cuda {
+
+// The fused kernel's fixed head size (K = V).
+constexpr int64_t kFusedHeadDim = 128;
+
+inline bool fused_forward_supports(const ForwardArgs& a) {
+  auto aligned = [](const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  if (a.K != kFusedHeadDim || a.V != kFusedHeadDim) return false;
+  if (a.token_dtype != FLASHQLA_DTYPE_BFLOAT16 && a.token_dtype != FLASHQLA_DTYPE_FLOAT16) return false;
+  if (a.o_dtype != a.token_dtype) return false;
+  // q, k and v come in by TMA (sm90/token_tensor_map.h): 16-byte aligned bases,
+  // strides that are positive multiples of 16 bytes along every dimension a
+  // tile steps (a broadcast view's zero stride goes to the simple kernel), and
+  // 32-bit token coordinates.
+  if (a.T >= (int64_t(1) << 31)) return false;
+  for (const void* p : {a.q, a.k, a.v})
+    if (!aligned(p, 16)) return false;
+  auto stride_ok = [](int64_t extent, int64_t s) { return extent <= 1 || (s > 0 && s % 8 == 0 && s < (int64_t(1) << 39)); };
+  const int64_t rows = a.cu_seqlens != nullptr ? 1 : a.N;
+  for (int64_t s : {a.q_sb, a.k_sb, a.v_sb})
+    if (!stride_ok(rows, s)) return false;
+  for (int64_t s : {a.q_st, a.k_st, a.v_st})
+    if (!stride_ok(a.T, s)) return false;
+  if (!stride_ok(a.H, a.q_sh) || !stride_ok(a.H, a.k_sh) || !stride_ok(a.HV, a.v_sh)) return false;
+  // o is written as pairs of elements.
+  if (!aligned(a.o, 4) || a.o_sb % 2 != 0 || a.o_st % 2 != 0 || a.o_sh % 2 != 0) return false;
+  return true;
+}
+
+}  // namespace flashqla::cuda

@@ -1,0 +1,111 @@
+// Which forward calls go to the fused sm_90a kernel (src/cuda/fused_forward_support.h):
+// host-only rules, checked without a GPU. The GPU suite checks that both kernels
+// meet the oracle; this pins down where the line between them runs.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+
+#include "cuda/fused_forward_support.h"
+
+namespace flashqla_test {
+namespace {
+
+using flashqla::cuda::ForwardArgs;
+using flashqla::cuda::fused_forward_supports;
+
+void* fake_address(uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+// Two sequences of 64 tokens, H = 2, HV = 4, K = V = 128, contiguous bf16
+// [B, T, heads, 128] tensors at 256-byte aligned (never dereferenced) addresses.
+ForwardArgs supported_call() {
+  ForwardArgs a{};
+  a.T = 64, a.H = 2, a.HV = 4, a.K = 128, a.V = 128, a.N = 2, a.group = 2;
+  a.token_dtype = FLASHQLA_DTYPE_BFLOAT16;
+  a.q = fake_address(0x10000), a.q_sb = 64 * 2 * 128, a.q_st = 2 * 128, a.q_sh = 128;
+  a.k = fake_address(0x20000), a.k_sb = 64 * 2 * 128, a.k_st = 2 * 128, a.k_sh = 128;
+  a.v = fake_address(0x30000), a.v_sb = 64 * 4 * 128, a.v_st = 4 * 128, a.v_sh = 128;
+  a.o = fake_address(0x40000), a.o_sb = 64 * 4 * 128, a.o_st = 4 * 128, a.o_sh = 128;
+  a.o_dtype = FLASHQLA_DTYPE_BFLOAT16;
+  return a;
+}
+
+TEST(FusedForwardSupport, ContiguousBf16AndFp16) {
+  ForwardArgs a = supported_call();
+  EXPECT_TRUE(fused_forward_supports(a));
+  a.token_dtype = a.o_dtype = FLASHQLA_DTYPE_FLOAT16;
+  EXPECT_TRUE(fused_forward_supports(a));
+}
+
+TEST(FusedForwardSupport, OtherHeadSizesAndDtypesGoToTheSimpleKernel) {
+  ForwardArgs a = supported_call();
+  a.K = a.V = 64;
+  EXPECT_FALSE(fused_forward_supports(a));
+  a = supported_call();
+  a.V = 256;
+  EXPECT_FALSE(fused_forward_supports(a));
+  a = supported_call();
+  a.token_dtype = a.o_dtype = FLASHQLA_DTYPE_FLOAT32;
+  EXPECT_FALSE(fused_forward_supports(a));
+  a = supported_call();
+  a.o_dtype = FLASHQLA_DTYPE_FLOAT32;  // o in another dtype than q, k, v
+  EXPECT_FALSE(fused_forward_supports(a));
+}
+
+TEST(FusedForwardSupport, SlicesOfAPackedQkvTensor) {
+  // q, k, v as views of one [B, T, (2 H + HV) 128] tensor: token stride of the
+  // packed row, heads 128 apart, bases 16-byte aligned.
+  ForwardArgs a = supported_call();
+  const int64_t row = (2 + 2 + 4) * 128;
+  a.q_st = a.k_st = a.v_st = row;
+  a.q_sb = a.k_sb = a.v_sb = 64 * row;
+  a.k = fake_address(0x10000 + 2 * 128 * 2);
+  a.v = fake_address(0x10000 + 4 * 128 * 2);
+  EXPECT_TRUE(fused_forward_supports(a));
+}
+
+TEST(FusedForwardSupport, UnalignedRowsGoToTheSimpleKernel) {
+  ForwardArgs a = supported_call();
+  a.q_st = 2 * 128 + 3;  // rows not 16-byte aligned
+  EXPECT_FALSE(fused_forward_supports(a));
+  a = supported_call();
+  a.k = fake_address(0x20000 + 2);
+  EXPECT_FALSE(fused_forward_supports(a));
+  a = supported_call();
+  a.o = fake_address(0x40000 + 2);
+  EXPECT_FALSE(fused_forward_supports(a));
+  a = supported_call();
+  a.o_st = 4 * 128 + 1;
+  EXPECT_FALSE(fused_forward_supports(a));
+}
+
+TEST(FusedForwardSupport, ZeroStridesOnlyWhereTheExtentIsOne) {
+  ForwardArgs a = supported_call();
+  a.k_sh = 0;  // k broadcast over its two heads
+  EXPECT_FALSE(fused_forward_supports(a));
+  a.H = 1, a.group = 4;  // one head: its stride is never stepped
+  EXPECT_TRUE(fused_forward_supports(a));
+
+  a = supported_call();
+  a.q_sb = 0;  // q broadcast over the two batch rows
+  EXPECT_FALSE(fused_forward_supports(a));
+  a.cu_seqlens = fake_address(0x50000);  // varlen: one packed row
+  EXPECT_TRUE(fused_forward_supports(a));
+
+  a = supported_call();
+  a.v_st = 0;
+  EXPECT_FALSE(fused_forward_supports(a));
+  a.T = 1;
+  EXPECT_TRUE(fused_forward_supports(a));
+}
+
+TEST(FusedForwardSupport, TokenIndicesFitInt32) {
+  ForwardArgs a = supported_call();
+  a.N = 1;
+  a.T = (int64_t(1) << 31) - 1;
+  EXPECT_TRUE(fused_forward_supports(a));
+  a.T = int64_t(1) << 31;
+  EXPECT_FALSE(fused_forward_supports(a));
+}
+
+}  // namespace
+}  // namespace flashqla_test
