@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# On the GPU machine, the whole check in one call: scripts/gpu_check.sh --quick
+# (build, C++ suite, Python GPU suite, quick benchmark), then, if it passed, the
+# full forward benchmark (scripts/gpu_bench.sh). What comes back in $OUT is kept
+# to four files: h200.csv and h200.json from the benchmark, the check's logs as
+# one archive, and the benchmark's log. Needs third_party/ and .whl/ from
+# scripts/prepare_device.sh, carried with the call.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${OUT:-/tmp/flashqla-gpu-full-run}"
+mkdir -p "${out}"
+logs=$(mktemp -d)
+OUT="${logs}" bash scripts/gpu_check.sh --quick
+check_rc=$?
+tar -czf "${out}/check_logs.tar.gz" -C "${logs}" .
+if [[ ${check_rc} -ne 0 ]]; then
+  echo "gpu_check.sh failed (rc ${check_rc}): no benchmark"
+  exit "${check_rc}"
+fi
+bench=$(mktemp -d)
+OUT="${bench}" bash scripts/gpu_bench.sh "$@" > "${out}/bench.log" 2>&1
+bench_rc=$?
+cp "${bench}"/h200.csv "${bench}"/h200.json "${out}/" 2>/dev/null
+tail -n 8 "${out}/bench.log"
+exit "${bench_rc}"
