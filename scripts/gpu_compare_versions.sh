@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# On the GPU machine: builds the fused kernel's timing tool
+# (benchmarks/tools/fused_phase_profile.cu) for every version exported by
+# scripts/export_versions.sh into versions/, plain and with the phase profile,
+# and runs them one after the other: per-chunk latency, phase cycles and the
+# relative difference to the simple kernel, for kernel versions side by side in
+# one call. A triage tool: the GPU suite (gpu_iterate.sh, gpu_check.sh) is what
+# shows a version correct. Needs third_party/ (CUTLASS) and versions/, carried.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+out="${OUT:-/tmp/flashqla-compare}"
+mkdir -p "${out}"
+build_logs=$(mktemp -d)
+for dir in versions/*/; do
+  name=$(basename "${dir}")
+  flags=(-std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I"${dir}include" -I"${dir}src"
+         -Ithird_party/cutlass/include)
+  sources=("${dir}benchmarks/tools/fused_phase_profile.cu" "${dir}src/cuda/sm90/gdn_fwd_simple_sm90.cu")
+  nvcc "${flags[@]}" "${sources[@]}" -o "/tmp/timing_${name}" > "${build_logs}/${name}.log" 2>&1 &
+  nvcc "${flags[@]}" -DFLASHQLA_FUSED_PROFILE "${sources[@]}" -o "/tmp/profile_${name}" \
+    > "${build_logs}/${name}-profile.log" 2>&1 &
+done
+wait
+for dir in versions/*/; do
+  name=$(basename "${dir}")
+  echo "=== ${name}: $(grep "^${name} " versions/index.txt | cut -d' ' -f2-)"
+  if [[ ! -x "/tmp/timing_${name}" ]]; then
+    echo "build failed:"; tail -n 15 "${build_logs}/${name}.log"; continue
+  fi
+  timeout 60 "/tmp/timing_${name}" 2>&1 | grep -E "^B=|us per chunk|relative difference|error" 
+  [[ -x "/tmp/profile_${name}" ]] && timeout 60 "/tmp/profile_${name}" 2>&1 | grep -E "cycles per chunk|producer:" | head -n 2
+done | tee "${out}/compare.txt"
