@@ -16,7 +16,10 @@ namespace {
 
 constexpr int kM = 64, kN = 128, kK = 64;
 
-enum Layout { kKMajor, kMNMajor, kKMajorSw128, kMNMajorSw128, kRegisters };
+// kKMajorColumnBlocks / kMNMajorColumnBlocks: the same core matrices with the
+// tile's column blocks outermost (mma::ColumnBlockTile, as TMA lands q, k, v):
+// K-blocks (K-major) or MN-blocks (MN-major) a whole column of core matrices apart.
+enum Layout { kKMajor, kMNMajor, kKMajorSw128, kMNMajorSw128, kKMajorColumnBlocks, kMNMajorColumnBlocks, kRegisters };
 
 // Byte offset of element (mn, k) of an operand with MN extent `mn_ext` (M for A,
 // N for B) in each layout, and the descriptor fields for k-step s (16 wide).
@@ -35,6 +38,10 @@ struct Operand {
       case kMNMajorSw128:  // 8 K-rows x 64 MN atoms, 16-byte chunks XOR K-row
         return (mn >> 6) * (kK / 8 * 1024) + (k >> 3) * 1024 + (k & 7) * 128 +
                ((((mn >> 3) & 7) ^ (k & 7)) << 4) + (mn & 7) * 2;
+      case kKMajorColumnBlocks:  // [mn][k] tile: MN-blocks 128 B apart, K-blocks mn_ext * 16 B apart
+        return (k >> 3) * (mn_ext * 16) + (mn >> 3) * 128 + (mn & 7) * 16 + (k & 7) * 2;
+      case kMNMajorColumnBlocks:  // [k][mn] tile: K-blocks 128 B apart, MN-blocks kK * 16 B apart
+        return (mn >> 3) * (kK * 16) + (k >> 3) * 128 + (k & 7) * 16 + (mn & 7) * 2;
       default:  // padded row-major [mn][k], for ldmatrix
         return (mn * (kK + 8) + k) * 2;
     }
@@ -47,6 +54,10 @@ struct Operand {
       case kMNMajor: start = s * 2 * mn_ext * 16, lbo = mn_ext * 16, sbo = 128; break;
       case kKMajorSw128: start = (s * 16 >> 6) * mn_ext * 128 + (s * 16 & 63) * 2, lbo = 16, sbo = 1024, type = 1; break;
       case kMNMajorSw128: start = s * 2 * 1024, lbo = kK / 8 * 1024, sbo = 1024, type = 1; break;
+      // As wgmma::kmajor_desc / mnmajor_desc of a ColumnBlockTile: LBO the K-direction
+      // step between core matrices, SBO the MN-direction one.
+      case kKMajorColumnBlocks: start = s * 2 * mn_ext * 16, lbo = mn_ext * 16, sbo = 128; break;
+      case kMNMajorColumnBlocks: start = s * 256, lbo = 128, sbo = kK * 16; break;
       default: break;
     }
     d.bitfield.start_address_ = static_cast<uint16_t>((static_cast<uint32_t>(__cvta_generic_to_shared(tile)) + start) >> 4);
@@ -123,9 +134,12 @@ constexpr Case kCases[] = {
     {"A_kmajor_sw128__B_kmajor_sw128", kKMajorSw128, kKMajorSw128},
     {"A_mnmajor_sw128__B_mnmajor_sw128", kMNMajorSw128, kMNMajorSw128},
     {"A_registers__B_mnmajor_sw128", kRegisters, kMNMajorSw128},
+    {"A_kmajor_colblocks__B_kmajor_colblocks", kKMajorColumnBlocks, kKMajorColumnBlocks},
+    {"A_kmajor__B_mnmajor_colblocks", kKMajor, kMNMajorColumnBlocks},
+    {"A_registers__B_mnmajor_colblocks", kRegisters, kMNMajorColumnBlocks},
 };
 
-bool mn_major(Layout l) { return l == kMNMajor || l == kMNMajorSw128; }
+bool mn_major(Layout l) { return l == kMNMajor || l == kMNMajorSw128 || l == kMNMajorColumnBlocks; }
 
 }  // namespace
 
