@@ -13,6 +13,9 @@ namespace flashqla::cuda {
 // The fused kernel's fixed head size (K = V).
 constexpr int64_t kFusedHeadDim = 128;
 
+// Batch rows of the q, k, v tensors: one packed row with cu_seqlens, else N.
+inline int64_t token_rows(const ForwardArgs& a) { return a.cu_seqlens != nullptr ? 1 : a.N; }
+
 inline bool fused_forward_supports(const ForwardArgs& a) {
   auto aligned = [](const void* p, int bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
   if (a.K != kFusedHeadDim || a.V != kFusedHeadDim) return false;
@@ -26,7 +29,7 @@ inline bool fused_forward_supports(const ForwardArgs& a) {
   for (const void* p : {a.q, a.k, a.v})
     if (!aligned(p, 16)) return false;
   auto stride_ok = [](int64_t extent, int64_t s) { return extent <= 1 || (s > 0 && s % 8 == 0 && s < (int64_t(1) << 39)); };
-  const int64_t rows = a.cu_seqlens != nullptr ? 1 : a.N;
+  const int64_t rows = token_rows(a);
   for (int64_t s : {a.q_sb, a.k_sb, a.v_sb})
     if (!stride_ok(rows, s)) return false;
   for (int64_t s : {a.q_st, a.k_st, a.v_st})

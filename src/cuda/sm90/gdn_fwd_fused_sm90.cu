@@ -1,6 +1,7 @@
 #include "cuda/sm90/gdn_fwd_fused_sm90.h"
 
 #include "core/trace.h"
+#include "cuda/fused_forward_support.h"
 #include "cuda/sm90/device_common.cuh"
 #include "cuda/sm90/forward_work_item.cuh"
 #include "cuda/sm90/tma_load.cuh"
@@ -288,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Q(c) and V(c) into the stage chunk c − 2 released, K(c + 1) into chunk
       // c − 2's k stage (released by the same barrier).
       if (loader) {
-        tma::fence_generic_before_async();
+        wgmma::fence_shared_for_async();  // generic accesses of the stage before TMA's writes
         load_qv(c, stage);
         if (c + 1 < n_chunks && c + 1 < kLoadedChunks) load_k(c + 1);
       }
@@ -689,7 +690,7 @@ cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
   const int64_t blocks = work_item_count(args);
   if (blocks == 0) return cudaSuccess;
   TokenMaps maps;
-  const int64_t rows = args.cu_seqlens != nullptr ? 1 : args.N;
+  const int64_t rows = token_rows(args);
   err = encode_token_tile_map(&maps.q, args.q, args.token_dtype, rows, args.T, args.H, args.q_sb, args.q_st, args.q_sh);
   if (err == cudaSuccess)
     err = encode_token_tile_map(&maps.k, args.k, args.token_dtype, rows, args.T, args.H, args.k_sb, args.k_st, args.k_sh);

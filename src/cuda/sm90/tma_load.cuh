@@ -52,13 +52,6 @@ __device__ __forceinline__ void wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-// Orders this thread's earlier generic-proxy accesses of shared memory (reads
-// of a stage by ldmatrix, writes by the l2 normalization) before async-proxy
-// writes into it.
-__device__ __forceinline__ void fence_generic_before_async() {
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
 __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }

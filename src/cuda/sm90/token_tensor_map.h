@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -13,9 +14,7 @@
 
 namespace flashqla::cuda {
 
-using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
 
 inline EncodeTiledFn encode_tiled_entry() {
   static const EncodeTiledFn fn = [] {
