@@ -3,8 +3,8 @@
 # (benchmarks/tools/fused_phase_profile.cu) for every version exported by
 # scripts/export_versions.sh into versions/, plain and with the phase profile,
 # and runs them one after the other: per-chunk latency, phase cycles and the
-# relative difference to the simple kernel, for kernel versions side by side in
-# one call. A triage tool: the GPU suite (gpu_iterate.sh, gpu_check.sh) is what
+# relative difference to the simple kernel (and the producer warpgroup alone),
+# for kernel versions side by side in one call. A triage tool: the GPU suite (gpu_iterate.sh, gpu_check.sh) is what
 # shows a version correct. Needs third_party/ (CUTLASS) and versions/, carried.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -19,6 +19,9 @@ for dir in versions/*/; do
   nvcc "${flags[@]}" "${sources[@]}" -o "/tmp/timing_${name}" > "${build_logs}/${name}.log" 2>&1 &
   nvcc "${flags[@]}" -DFLASHQLA_FUSED_PROFILE "${sources[@]}" -o "/tmp/profile_${name}" \
     > "${build_logs}/${name}-profile.log" 2>&1 &
+  # The producer alone (the state warpgroups only release stages).
+  nvcc "${flags[@]}" -DFLASHQLA_FUSED_PROFILE -DFLASHQLA_FUSED_ISOLATE=2 "${sources[@]}" -o "/tmp/producer_${name}" \
+    > "${build_logs}/${name}-producer.log" 2>&1 &
 done
 wait
 for dir in versions/*/; do
@@ -29,4 +32,8 @@ for dir in versions/*/; do
   fi
   timeout 60 "/tmp/timing_${name}" 2>&1 | grep -E "^B=|us per chunk|relative difference|error" 
   [[ -x "/tmp/profile_${name}" ]] && timeout 60 "/tmp/profile_${name}" 2>&1 | grep -E "cycles per chunk|producer:" | head -n 2
+  if [[ -x "/tmp/producer_${name}" ]]; then
+    echo "  producer alone:"
+    timeout 60 "/tmp/producer_${name}" 2>&1 | grep -E "producer:|us per chunk" | head -n 2
+  fi
 done | tee "${out}/compare.txt"
