@@ -69,9 +69,9 @@ void run(int64_t B, int64_t T, int64_t H, int64_t HV) {
   check(cudaMemcpyFromSymbol(cycles, flashqla::cuda::fused_profile_cycles, sizeof(cycles)), "read");
   const long long n = cycles[kProfileSlots - 1] > 0 ? cycles[kProfileSlots - 1] : 1;
   static const char* const names[kProfileSlots - 1] = {
-      "wait ready", "step 1 (U | P, W)", "step 1 barrier", "copies issued", "step 2 (Vd | QS)", "Vd store, barrier",
-      "step 3 (O, S)", "S copy", "wait free", "gates, K landed, l2norm", "A", "diagonal inverse", "off-diagonal",
-      "Q, V, ready"};
+      "wait ready", "step 1 (U | W)", "step 1 barrier", "loads issued, gates", "step 2 (Vd | QS)", "Vd store, barrier",
+      "step 3 (O, S)", "S copy", "wait free", "K landed, rows prepared", "A", "diagonal inverse", "off-diagonal",
+      "Q, V landed, P, T beta, ready"};
   // Slot order in time: the state warpgroups', then the producer's.
   static const int order[kProfileSlots - 1] = {0, 1, 2, 4, 5, 6, 7, 8, 3, 9, 10, 11, 12, 13};
   std::printf("  cycles per chunk (CTA 0, %lld chunks), state:", n);

@@ -16,8 +16,8 @@ namespace {
 constexpr int kChunk = 64;  // tokens per chunk
 constexpr int kDim = 128;   // K = V
 // Warpgroups 0 and 1 run the state chain of chunk c; warpgroup 2 loads chunk
-// c + 1 and computes its A and T = (I + A)⁻¹ meanwhile (the state-independent
-// part that is not a large GEMM). Registers move to the state warpgroups.
+// c + 1 and computes its A, T = (I + A)⁻¹, Tβ and P meanwhile (the
+// state-independent part but U and W). Registers move to the state warpgroups.
 constexpr int kStateThreads = 256;
 constexpr int kProducerThreads = 128;
 constexpr int kThreads = kStateThreads + kProducerThreads;
@@ -51,19 +51,19 @@ __device__ __forceinline__ void set_max_registers() {
   }
 }
 
-// Shared memory (bytes). Three stages of k (the producer loads chunk c + 2's
-// while it works on c + 1 and the state warpgroups on c), two of q, v, T and
-// the gates; one of everything else. Every 16-bit tile is a core-matrix tile
-// (mma::CoreTile: ldmatrix reads it without bank conflicts, wgmma through a
-// descriptor). T is padded fp32 [64][68]; the producer builds it there in
-// place from A's diagonal blocks, and keeps A's six blocks below the diagonal
-// (then M = T_ii A_ik) as padded fp32 16x16 blocks of their own.
+// Shared memory (bytes). Three stages of k (the producer loads chunk c + 1's
+// while it works on c and the state warpgroups on c − 1), two of q, v, P, Tβ
+// and the gates (the chunk the producer hands over and the one the state
+// warpgroups run); one of everything else. Every 16-bit tile is a core-matrix
+// tile (ldmatrix reads it without bank conflicts, wgmma through a descriptor).
+// T is the producer's own padded fp32 [64][68] tile: it builds T there in place
+// from A's diagonal blocks, and keeps A's six blocks below the diagonal (then
+// M = T_ii A_ik) in the blocks above the diagonal, which T does not use.
 using mma::CoreTile;
 constexpr int kKStages = 3;
-constexpr int kTile16 = kChunk * kDim * 2;  // [64][128]
-constexpr int kTileF = kChunk * kLdF * 4;   // fp32 [64][68]
-constexpr int kLdM = 16 + 4;                // row stride of the fp32 16x16 blocks
-constexpr int kBlockM = 16 * kLdM;          // floats per block
+constexpr int kTile16 = kChunk * kDim * 2;   // [64][128]
+constexpr int kTile64 = kChunk * kChunk * 2;  // [64][64]
+constexpr int kTileF = kChunk * kLdF * 4;    // fp32 [64][68]
 constexpr int kOffQ = 0;
 constexpr int kOffK = kOffQ + 2 * kTile16;
 constexpr int kOffV = kOffK + kKStages * kTile16;
@@ -71,13 +71,13 @@ constexpr int kOffW = kOffV + 2 * kTile16;
 constexpr int kOffS = kOffW + kTile16;
 constexpr int kOffVd = kOffS + kDim * kDim * 2;
 constexpr int kOffP = kOffVd + kTile16;
-constexpr int kOffM = kOffP + kChunk * kChunk * 2;
-constexpr int kOffT = kOffM + 6 * kBlockM * 4;
-constexpr int kOffGate = kOffT + 2 * kTileF;
+constexpr int kOffTb = kOffP + 2 * kTile64;
+constexpr int kOffT = kOffTb + 2 * kTile64;
+constexpr int kOffGate = kOffT + kTileF;
 constexpr int kOffBar = kOffGate + 4 * kChunk * 4;  // mbarriers: k stages, then q/v stages
 constexpr int kSmemBytes = kOffBar + (kKStages + 2) * 8;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
-static_assert((kMaxRankedSequences + 1) * 8 <= 6 * kBlockM * 4, "the ranking scratch fits in the M blocks");
+static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits in T's tile");
 
 // Isolation for kernel development (with FLASHQLA_FUSED_PROFILE only): build
 // with -DFLASHQLA_FUSED_ISOLATE=1 and the producer does its work for the first
@@ -147,9 +147,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   // [128 keys][128 values], Vd [64 tokens][128 values].
   const CoreTile<T, kDim> s_copy{reinterpret_cast<T*>(smem + kOffS)};
   const CoreTile<T, kDim> vd_tile{reinterpret_cast<T*>(smem + kOffVd)};
-  const CoreTile<T, kChunk> p_tile{reinterpret_cast<T*>(smem + kOffP)};  // P = Q Kᵀ ⊙ Γ, [64][64]
-  float* const sm_m = reinterpret_cast<float*>(smem + kOffM);            // A_ik, then M_ik (producer)
-  float* const sm_t = reinterpret_cast<float*>(smem + kOffT);            // T, [2][64][kLdF]
+  // Handed over by the producer, two stages each: P = Q Kᵀ ⊙ Γ and Tβ = T diag(β),
+  // [64][64] (A operands, K-major).
+  auto p_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffP + stage * kTile64)}; };
+  auto tb_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffTb + stage * kTile64)}; };
+  float* const sm_t = reinterpret_cast<float*>(smem + kOffT);  // T, [64][kLdF] (producer)
   float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);     // [2][64]
   float* const sm_beta = sm_gamma + 2 * kChunk;                          // [2][64]
 
@@ -159,16 +161,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane >> 2, t4 = lane & 3;
 
   static_assert(kWorkItemChunk == kChunk, "work items count chunks of the kernel's size");
-  const WorkItem item = resolve_work_item(a, blockIdx.x, reinterpret_cast<int64_t*>(smem + kOffM));
+  const WorkItem item = resolve_work_item(a, blockIdx.x, reinterpret_cast<int64_t*>(smem + kOffT));
   if (!item.valid) return;
   const int64_t hv = item.hv, h = hv / a.group;
-  const int64_t row = item.seq.row, eos = item.seq.eos;
-  const int64_t bos = item.seq.bos + item.chunk_begin * kChunk;  // the item's first token
+  // Token indices in 32 bits (fused_forward_supports: T < 2^31, as TMA's
+  // coordinates are), which also keeps them in one register each.
+  const int64_t row = item.seq.row;
+  const int eos = int(item.seq.eos);
+  const int bos = int(item.seq.bos + item.chunk_begin * kChunk);  // the item's first token
   const int64_t n_chunks = __shfl_sync(0xffffffffu, item.chunk_end - item.chunk_begin, 0);
   // q, k and v tiles land from TMA column block outermost.
   auto stage_tile = [&](T* tiles, int stage) { return mma::ColumnBlockTile<T, kChunk>{tiles + stage * kChunk * kDim}; };
   auto k_tile = [&](int64_t c) { return stage_tile(sm_k, int(c % kKStages)); };
-  auto chunk_rows = [&](int64_t c) { return int(min64(kChunk, eos - bos - c * kChunk)); };
+  auto chunk_rows = [&](int64_t c) { return int(min64(kChunk, int64_t(eos - bos) - c * kChunk)); };
 
   // The loads' completion: one barrier a k stage, one a q/v stage.
   uint64_t* const bar_k = reinterpret_cast<uint64_t*>(smem + kOffBar);
@@ -179,8 +184,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  // Block (i, k), i > k, below T's diagonal: A_ik, then M_ik.
-  auto m_block = [&](int i, int k) { return sm_m + (i * (i - 1) / 2 + k) * kBlockM; };
+  // Block (i, k), i > k, below T's diagonal: A_ik, then M_ik, kept in T's
+  // block (k, i) above the diagonal (row stride kLdF).
+  auto m_block = [&](int i, int k) { return sm_t + 16 * k * kLdF + 16 * i; };
 
   if (warp >= kStateThreads / 32) {
     // ===== Producer warpgroup: loads, gates, A and T of each chunk, one ahead. =====
@@ -252,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // where used (a conversion next to the load would stall the warp for the
     // global load's latency).
     auto load_gates = [&](int64_t c, uint32_t (&gr)[2], uint32_t (&br)[2]) {
-      const int64_t tc = bos + c * kChunk;
+      const int64_t tc = int64_t(bos) + c * kChunk;
       const int Lc = chunk_rows(c);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
@@ -328,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       FUSED_PHASE(9);
 
       // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32 (wgmma m64n64, both operands K-major).
-      float* const tt = sm_t + stage * kChunk * kLdF;
+      float* const tt = sm_t;
       {
         float acc[kChunk / 2];
 #pragma unroll
@@ -339,21 +345,12 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(ks, 16 * k), wgmma::kmajor_desc(ks, 16 * k),
                                                          acc);
         wgmma::commit();
-        // The epilogue's factors β_i e^{γ_i − γ_j} (0 on and above the
-        // diagonal) while the wgmmas run.
-        float factor[kChunk / 2];
+        // The gates of this thread's rows and columns, read while the wgmmas run.
+        float2 g_col[kChunk / 8];
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = 16 * pwarp + g + 8 * half;
-          const float gi = gam[i], bi = bet[i];
-#pragma unroll
-          for (int j = 0; j < kChunk / 8; ++j) {
-            const int col = 8 * j + 2 * t4;
-            const float2 gj = *reinterpret_cast<const float2*>(gam + col);
-            factor[4 * j + 2 * half] = bi * masked_exp(col < i, gi - gj.x);
-            factor[4 * j + 2 * half + 1] = bi * masked_exp(col + 1 < i, gi - gj.y);
-          }
-        }
+        for (int j = 0; j < kChunk / 8; ++j) g_col[j] = *reinterpret_cast<const float2*>(gam + 8 * j + 2 * t4);
+        const float g_row[2] = {gam[16 * pwarp + g], gam[16 * pwarp + g + 8]};
+        const float b_row[2] = {bet[16 * pwarp + g], bet[16 * pwarp + g + 8]};
         wgmma::wait<0>();
         wgmma::fence_operands(acc);
 #pragma unroll
@@ -362,8 +359,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
           for (int j = 0; j < kChunk / 8; ++j) {
             const int col = 8 * j + 2 * t4;
-            const float x[2] = {acc[4 * j + 2 * half] * factor[4 * j + 2 * half],
-                                acc[4 * j + 2 * half + 1] * factor[4 * j + 2 * half + 1]};
+            // β_i e^{γ_i − γ_j}, 0 on and above the diagonal.
+            const float x[2] = {acc[4 * j + 2 * half] * b_row[half] * masked_exp(col < i, g_row[half] - g_col[j].x),
+                                acc[4 * j + 2 * half + 1] * b_row[half] *
+                                    masked_exp(col + 1 < i, g_row[half] - g_col[j].y)};
             // Diagonal blocks into T's (inverted there in place), blocks below
             // into their M blocks; those above the diagonal are never read.
             const int bj = j / 2;
@@ -371,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               tt[col * kLdF + i] = x[0];
               tt[(col + 1) * kLdF + i] = x[1];
             } else if (bj < pwarp) {
-              *reinterpret_cast<float2*>(m_block(pwarp, bj) + (i - 16 * pwarp) * kLdM + col - 16 * bj) =
+              *reinterpret_cast<float2*>(m_block(pwarp, bj) + (i - 16 * pwarp) * kLdF + col - 16 * bj) =
                   make_float2(x[0], x[1]);
             }
           }
@@ -388,9 +387,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (lane < 16) {
         const int b0 = 16 * pwarp;
         const float* const a_cols = tt + b0 * kLdF + b0;  // a_cols[m kLdF + r] = A[b0 + r][b0 + m]
+        // The identity column, built here each chunk: as loop-invariant values
+        // ptxas would keep all 16 live across the chunk loop (a spill at 104
+        // registers); the volatile move pins them inside.
+        float one;
+        asm volatile("mov.b32 %0, 0x3f800000;\n" : "=f"(one));
         float x[16];
 #pragma unroll
-        for (int r = 0; r < 16; ++r) x[r] = r == lane ? 1.f : 0.f;
+        for (int r = 0; r < 16; ++r) x[r] = r == lane ? one : 0.f;
 #pragma unroll
         for (int m = 0; m < 15; ++m) {
           float col[16];
@@ -413,9 +417,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int b = pwarp; b < 6; b += 4) {
         const int i = b < 3 ? b + 1 : (b < 5 ? b - 1 : 3), k = b < 3 ? b : (b < 5 ? b - 3 : 0);
         float m[2][4] = {};
-        mma::mma_tf32_16x16x16(m, tt + 16 * i * kLdF + 16 * i, kLdF, m_block(i, k), kLdM, lane);
+        mma::mma_tf32_16x16x16(m, tt + 16 * i * kLdF + 16 * i, kLdF, m_block(i, k), kLdF, lane);
         __syncwarp();
-        mma::store_c_16x16(m_block(i, k), kLdM, m, 1.f, lane);
+        mma::store_c_16x16(m_block(i, k), kLdF, m, 1.f, lane);
       }
       named_sync(kBarProducer, kProducerThreads);
       // ...and T_ij = −Σ_{k=j}^{i−1} M_ik T_kj down each column block j (warp j < 3),
@@ -425,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int i = j + 1; i < 4; ++i) {
           float acc[2][4] = {};
           for (int k = j; k < i; ++k)
-            mma::mma_tf32_16x16x16(acc, m_block(i, k), kLdM, tt + 16 * k * kLdF + 16 * j, kLdF, lane);
+            mma::mma_tf32_16x16x16(acc, m_block(i, k), kLdF, tt + 16 * k * kLdF + 16 * j, kLdF, lane);
           mma::store_c_16x16(tt + 16 * i * kLdF + 16 * j, kLdF, acc, -1.f, lane);
           __syncwarp();
         }
@@ -437,9 +441,50 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (L < kChunk && item.read_v) prepare_rows(vs, L, false);
         wgmma::fence_shared_for_async();  // Q and V are wgmma operands
       }
-      // The chunk is ready: its q, k, v, gates and T.
+      named_sync(kBarProducer, kProducerThreads);  // T complete, Q prepared
+
+      // P = Q Kᵀ ⊙ Γ, lower with the diagonal (wgmma m64n64, both K-major), and
+      // Tβ = T diag(β) in 16 bits, the state warpgroups' A operand for U and W.
+      {
+        float acc[kChunk / 2];
+#pragma unroll
+        for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
+        wgmma::fence(acc);
+#pragma unroll
+        for (int k = 0; k < kDim / 16; ++k)
+          wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(qs, 16 * k), wgmma::kmajor_desc(ks, 16 * k),
+                                                         acc);
+        wgmma::commit();
+        // The gates of this thread's rows and columns, read while the wgmmas run
+        // (the exponentials after the wait: 18 registers instead of 32 factors).
+        float2 g_col[kChunk / 8];
+#pragma unroll
+        for (int j = 0; j < kChunk / 8; ++j) g_col[j] = *reinterpret_cast<const float2*>(gam + 8 * j + 2 * t4);
+        const float g_row[2] = {gam[16 * pwarp + g], gam[16 * pwarp + g + 8]};
+        wgmma::wait<0>();
+        wgmma::fence_operands(acc);
+        // P's epilogue, and Tβ's element pairs at the same places (T's blocks
+        // above the diagonal hold the M blocks: zero there).
+        const CoreTile<T, kChunk> pt = p_tile(stage), tb = tb_tile(stage);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = 16 * pwarp + g + 8 * half;
+#pragma unroll
+          for (int j = 0; j < kChunk / 8; ++j) {
+            const int col = 8 * j + 2 * t4;
+            const float x0 = acc[4 * j + 2 * half] * masked_exp(col <= i, g_row[half] - g_col[j].x);
+            const float x1 = acc[4 * j + 2 * half + 1] * masked_exp(col + 1 <= i, g_row[half] - g_col[j].y);
+            *reinterpret_cast<uint32_t*>(pt.at(i, col)) = M::pack(x0, x1);
+            const float2 t = *reinterpret_cast<const float2*>(tt + i * kLdF + col);
+            const float2 b = *reinterpret_cast<const float2*>(bet + col);
+            *reinterpret_cast<uint32_t*>(tb.at(i, col)) = j / 2 <= pwarp ? M::pack(t.x * b.x, t.y * b.y) : 0u;
+          }
+        }
+      }
+      wgmma::fence_shared_for_async();  // P and Tβ are wgmma operands
+      // The chunk is ready: its q, k, v, gates, P and Tβ.
       named_arrive(kBarChunkReady + stage, kThreads);
-      // The next chunk overwrites the M blocks only after every warp is past the column walk.
+      // The next chunk overwrites T's tile only after every warp has read it.
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(13);
     }
@@ -475,7 +520,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   FUSED_PROFILE_BEGIN();
   for (int64_t c = 0; c < n_chunks; ++c) {
     const int stage = int(c & 1);
-    const int64_t t0 = bos + c * kChunk;
+    const int64_t t0 = int64_t(bos) + c * kChunk;
     const int L = chunk_rows(c);
     named_sync(kBarChunkReady + stage, kThreads);
     FUSED_PHASE(0);
@@ -485,87 +530,41 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
     const auto qs = stage_tile(sm_q, stage), ks = k_tile(c), vs = stage_tile(sm_v, stage);
     const float* const gam = sm_gamma + stage * kChunk;
-    const float* const bet = sm_beta + stage * kChunk;
-    const float* const tt = sm_t + stage * kChunk * kLdF;
     const float gamma_last = gam[kChunk - 1];  // rows >= L repeat γ_{L−1}
+    const CoreTile<T, kChunk> tb = tb_tile(stage), pt = p_tile(stage);
 
-    // T's rows 16 wr.. in 16-bit, scaled by column (β, or β e^γ), as A fragments
-    // over the four token blocks; blocks above the diagonal are zero.
-    auto t_fragments = [&](uint32_t (&af)[kChunk / 16][4], bool with_gate) {
+    // --- 1. Warpgroup 0: U = Tβ V (A = Tβ, K-major, and B = V, MN-major, both
+    // from shared memory), kept as step 2's accumulator. Warpgroup 1:
+    // −W = −Tβ diag(e^γ) K, A = Tβ's rows 16 wr.. through ldmatrix scaled by
+    // column in registers (blocks above the diagonal are zero), B = K MN-major,
+    // to shared memory.
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    if (is_u) {
+      wgmma::fence(acc);
+#pragma unroll
+      for (int kb = 0; kb < kChunk / 16; ++kb)
+        wgmma::mma_ss<T, kDim, wgmma::kK, wgmma::kMN>(wgmma::kmajor_desc(tb, 16 * kb), wgmma::mnmajor_desc(vs, 16 * kb),
+                                                      acc);
+      wgmma::commit_and_wait(acc);
+    } else {
+      uint32_t af[kChunk / 16][4];
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
         if (kb > wr) {
           af[kb][0] = af[kb][1] = af[kb][2] = af[kb][3] = 0u;
           continue;
         }
+        mma::load_a(af[kb], tb, 16 * wr, 16 * kb, lane);
         const int c0 = 16 * kb + 2 * t4;
-        const float* t_lo = tt + (16 * wr + g) * kLdF + c0;
-        const float* t_hi = t_lo + 8 * kLdF;
-        const float2 x00 = *reinterpret_cast<const float2*>(t_lo);
-        const float2 x01 = *reinterpret_cast<const float2*>(t_lo + 8);
-        const float2 x10 = *reinterpret_cast<const float2*>(t_hi);
-        const float2 x11 = *reinterpret_cast<const float2*>(t_hi + 8);
-        float sc[4] = {bet[c0], bet[c0 + 1], bet[c0 + 8], bet[c0 + 9]};
-        if (with_gate) {
-          sc[0] *= __expf(gam[c0]), sc[1] *= __expf(gam[c0 + 1]);
-          sc[2] *= __expf(gam[c0 + 8]), sc[3] *= __expf(gam[c0 + 9]);
-        }
-        af[kb][0] = M::pack(x00.x * sc[0], x00.y * sc[1]);
-        af[kb][1] = M::pack(x10.x * sc[0], x10.y * sc[1]);
-        af[kb][2] = M::pack(x01.x * sc[2], x01.y * sc[3]);
-        af[kb][3] = M::pack(x11.x * sc[2], x11.y * sc[3]);
+        const float e0 = __expf(gam[c0]), e1 = __expf(gam[c0 + 1]);
+        const float e8 = __expf(gam[c0 + 8]), e9 = __expf(gam[c0 + 9]);
+        af[kb][0] = M::scale_pair(af[kb][0], e0, e1);
+        af[kb][1] = M::scale_pair(af[kb][1], e0, e1);
+        af[kb][2] = M::scale_pair(af[kb][2], e8, e9);
+        af[kb][3] = M::scale_pair(af[kb][3], e8, e9);
       }
-    };
-
-    // --- 1. Warpgroup 0: P = Q Kᵀ ⊙ Γ lower (both K-major from shared memory)
-    // to shared memory, then U = T diag(β) V (B = V read MN-major), kept as
-    // step 2's accumulator. U's wgmmas go out after P's epilogue: during the
-    // epilogue only P's accumulators and the state are live, so the gates can
-    // be read ahead and the exps pipelined. Warpgroup 1: −W = −T diag(β e^γ) K
-    // (B = K, MN-major) to shared memory.
-    float acc[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-    if (is_u) {
-      {
-        float pacc[kChunk / 2];
-#pragma unroll
-        for (int i = 0; i < kChunk / 2; ++i) pacc[i] = 0.f;
-        wgmma::fence(pacc);
-#pragma unroll
-        for (int k = 0; k < kDim / 16; ++k)
-          wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(qs, 16 * k),
-                                                         wgmma::kmajor_desc(ks, 16 * k), pacc);
-        wgmma::commit();
-        // The gates of this thread's rows and columns, read while the wgmmas run.
-        float2 g_col[kChunk / 8];
-#pragma unroll
-        for (int j = 0; j < kChunk / 8; ++j) g_col[j] = *reinterpret_cast<const float2*>(gam + 8 * j + 2 * t4);
-        const float g_row[2] = {gam[16 * wr + g], gam[16 * wr + g + 8]};
-        wgmma::wait<0>();
-        wgmma::fence_operands(pacc);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = 16 * wr + g + 8 * half;
-#pragma unroll
-          for (int j = 0; j < kChunk / 8; ++j) {
-            const int col = 8 * j + 2 * t4;
-            const float x0 = pacc[4 * j + 2 * half] * masked_exp(col <= i, g_row[half] - g_col[j].x);
-            const float x1 = pacc[4 * j + 2 * half + 1] * masked_exp(col + 1 <= i, g_row[half] - g_col[j].y);
-            *reinterpret_cast<uint32_t*>(p_tile.at(i, col)) = M::pack(x0, x1);
-          }
-        }
-      }
-      uint32_t af[kChunk / 16][4];
-      t_fragments(af, false);
-      wgmma::fence(acc);
-#pragma unroll
-      for (int kb = 0; kb < kChunk / 16; ++kb)
-        wgmma::mma_b_mn<T, kDim>(af[kb], wgmma::mnmajor_desc(vs, 16 * kb), acc);
-      wgmma::commit_and_wait(acc);
-    } else {
-      uint32_t af[kChunk / 16][4];
-      t_fragments(af, true);
       wgmma::fence(acc);
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb)
@@ -579,7 +578,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.f;
       }
     }
-    wgmma::fence_shared_for_async();  // P and −W are wgmma A operands
+    wgmma::fence_shared_for_async();  // −W is a wgmma A operand
     FUSED_PHASE(1);
     named_sync(kBarState, kStateThreads);
     FUSED_PHASE(2);
@@ -640,7 +639,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       if (!is_u) {
 #pragma unroll
         for (int k = 0; k < 4; ++k)
-          wgmma::mma_ss<T, kDim, wgmma::kK, wgmma::kMN>(wgmma::kmajor_desc(p_tile, 16 * k),
+          wgmma::mma_ss<T, kDim, wgmma::kK, wgmma::kMN>(wgmma::kmajor_desc(pt, 16 * k),
                                                         wgmma::mnmajor_desc(vd_tile, 16 * k), acc);
       }
 #pragma unroll

@@ -1,10 +1,10 @@
 // The tensor-core forward for K = V = 128 with bf16 / fp16 tokens: one CTA per
 // work item (a sequence, or a piece of one, and a value head; whole sequences
 // longest first). Three warpgroups: two hold the state in fp32 registers and run
-// its chain through the chunks (U, P, W, Vd = U − W S, O, the state update, all
-// on wgmma); the third loads chunk c + 1 by TMA and computes its A and
-// T = (I + A)⁻¹ while the chain runs chunk c. docs/perf.md logs its versions;
-// docs/design.md describes the algorithm.
+// its chain through the chunks (U, W, Vd = U − W S, O, the state update, all on
+// wgmma); the third loads chunk c + 1 by TMA and computes its A, T = (I + A)⁻¹,
+// Tβ = T diag(β) and P = Q Kᵀ ⊙ Γ while the chain runs chunk c. docs/perf.md
+// logs its versions; docs/design.md describes the algorithm.
 #pragma once
 
 #include <cuda_runtime_api.h>
