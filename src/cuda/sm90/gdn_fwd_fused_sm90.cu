@@ -92,10 +92,10 @@ static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits
 // (benchmarks/tools/fused_phase_profile.cu). Every thread adds the cycles
 // between its phase marks in registers; at the end CTA 0's first state thread
 // and first producer thread add theirs to fused_profile_cycles (state phases
-// 0..2 and 4..7, producer phases 3 and 8..13, the chunk count in 14), which the tool reads
+// 0..2 and 4..7, producer phases 3, 8..15, the chunk count in 16), which the tool reads
 // back (no printf: a call in the kernel would serialize its wgmma pipeline).
 #ifdef FLASHQLA_FUSED_PROFILE
-constexpr int kProfileSlots = 15;
+constexpr int kProfileSlots = 17;
 __device__ long long fused_profile_cycles[kProfileSlots];
 #define FUSED_PHASE(i)                    \
   do {                                    \
@@ -303,6 +303,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const auto qs = stage_tile(sm_q, stage), ks = k_tile(c), vs = stage_tile(sm_v, stage);
       float* const gam = sm_gamma + stage * kChunk;
       float* const bet = sm_beta + stage * kChunk;
+      FUSED_PHASE(3);
       if (pwarp == 0) {  // γ = inclusive in-chunk cumsum of g; rows >= L: g = 0, beta = 0
         float gr[2], br[2];
 #pragma unroll
@@ -324,7 +325,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         bet[2 * lane] = br[0];
         bet[2 * lane + 1] = br[1];
       }
-      FUSED_PHASE(3);
+      FUSED_PHASE(14);
       tma::wait(bar_k + c % kKStages, uint32_t(c / kKStages) & 1u);
       if (L < kChunk || a.use_qk_l2norm) {
         prepare_rows(ks, L, a.use_qk_l2norm);
@@ -442,6 +443,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma::fence_shared_for_async();  // Q and V are wgmma operands
       }
       named_sync(kBarProducer, kProducerThreads);  // T complete, Q prepared
+      FUSED_PHASE(13);
 
       // P = Q Kᵀ ⊙ Γ, lower with the diagonal (wgmma m64n64, both K-major), and
       // Tβ = T diag(β) in 16 bits, the state warpgroups' A operand for U and W.
@@ -486,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_arrive(kBarChunkReady + stage, kThreads);
       // The next chunk overwrites T's tile only after every warp has read it.
       named_sync(kBarProducer, kProducerThreads);
-      FUSED_PHASE(13);
+      FUSED_PHASE(15);
     }
     FUSED_PROFILE_END(0);
     return;
