@@ -74,7 +74,8 @@ constexpr int kOffP = kOffVd + kTile16;
 constexpr int kOffTb = kOffP + 2 * kTile64;
 constexpr int kOffT = kOffTb + 2 * kTile64;
 constexpr int kOffGate = kOffT + kTileF;
-constexpr int kOffBar = kOffGate + 4 * kChunk * 4;  // mbarriers: k stages, then q/v stages
+constexpr int kGateFloats = 7 * kChunk;  // γ, e^γ, e^{γ_C − γ} two stages each, β one
+constexpr int kOffBar = kOffGate + kGateFloats * 4;  // mbarriers: k stages, then q/v stages
 constexpr int kSmemBytes = kOffBar + (kKStages + 2) * 8;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits in T's tile");
@@ -152,8 +153,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto p_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffP + stage * kTile64)}; };
   auto tb_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffTb + stage * kTile64)}; };
   float* const sm_t = reinterpret_cast<float*>(smem + kOffT);  // T, [64][kLdF] (producer)
-  float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);     // [2][64]
-  float* const sm_beta = sm_gamma + 2 * kChunk;                          // [2][64]
+  // Per-token gate vectors of a chunk, written by the producer's warp 0: γ (the
+  // in-chunk cumsum of g), e^γ and e^{γ_C − γ} (γ_C: the chunk's last γ), two
+  // stages each for the state warpgroups; β, one stage, for the producer only.
+  float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);  // [2][64]
+  float* const sm_exp_gamma = sm_gamma + 2 * kChunk;                  // [2][64]
+  float* const sm_decay = sm_exp_gamma + 2 * kChunk;                  // [2][64]
+  float* const sm_beta = sm_decay + 2 * kChunk;                       // [64]
 
   // The warp index through a shuffle: ptxas then knows it is warp-uniform, and
   // branches on it do not serialize the wgmma pipeline (C7520).
@@ -302,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int L = chunk_rows(c);
       const auto qs = stage_tile(sm_q, stage), ks = k_tile(c), vs = stage_tile(sm_v, stage);
       float* const gam = sm_gamma + stage * kChunk;
-      float* const bet = sm_beta + stage * kChunk;
+      float* const bet = sm_beta;
       FUSED_PHASE(3);
       if (pwarp == 0) {  // γ = inclusive in-chunk cumsum of g; rows >= L: g = 0, beta = 0
         float gr[2], br[2];
@@ -320,8 +326,16 @@ __global__ void __launch_bounds__(kThreads, 1)
           const float y = __shfl_up_sync(0xffffffffu, incl, off);
           if (lane >= off) incl += y;
         }
-        gam[2 * lane] = incl - pair + gr[0];
-        gam[2 * lane + 1] = incl;
+        const float g0 = incl - pair + gr[0], g1 = incl;
+        const float g_last = __shfl_sync(0xffffffffu, incl, 31);  // rows >= L add g = 0
+        gam[2 * lane] = g0;
+        gam[2 * lane + 1] = g1;
+        float* const eg = sm_exp_gamma + stage * kChunk;
+        float* const dc = sm_decay + stage * kChunk;
+        eg[2 * lane] = __expf(g0);
+        eg[2 * lane + 1] = __expf(g1);
+        dc[2 * lane] = __expf(g_last - g0);
+        dc[2 * lane + 1] = __expf(g_last - g1);
         bet[2 * lane] = br[0];
         bet[2 * lane + 1] = br[1];
       }
@@ -531,8 +545,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     continue;
 #endif
     const auto qs = stage_tile(sm_q, stage), ks = k_tile(c), vs = stage_tile(sm_v, stage);
-    const float* const gam = sm_gamma + stage * kChunk;
-    const float gamma_last = gam[kChunk - 1];  // rows >= L repeat γ_{L−1}
+    const float* const exp_gam = sm_exp_gamma + stage * kChunk;  // e^γ
+    const float* const decay = sm_decay + stage * kChunk;         // e^{γ_C − γ}
     const CoreTile<T, kChunk> tb = tb_tile(stage), pt = p_tile(stage);
 
     // --- 1. Warpgroup 0: U = Tβ V (A = Tβ, K-major, and B = V, MN-major, both
@@ -560,12 +574,12 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         mma::load_a(af[kb], tb, 16 * wr, 16 * kb, lane);
         const int c0 = 16 * kb + 2 * t4;
-        const float e0 = __expf(gam[c0]), e1 = __expf(gam[c0 + 1]);
-        const float e8 = __expf(gam[c0 + 8]), e9 = __expf(gam[c0 + 9]);
-        af[kb][0] = M::scale_pair(af[kb][0], e0, e1);
-        af[kb][1] = M::scale_pair(af[kb][1], e0, e1);
-        af[kb][2] = M::scale_pair(af[kb][2], e8, e9);
-        af[kb][3] = M::scale_pair(af[kb][3], e8, e9);
+        const float2 e0 = *reinterpret_cast<const float2*>(exp_gam + c0);
+        const float2 e8 = *reinterpret_cast<const float2*>(exp_gam + c0 + 8);
+        af[kb][0] = M::scale_pair(af[kb][0], e0.x, e0.y);
+        af[kb][1] = M::scale_pair(af[kb][1], e0.x, e0.y);
+        af[kb][2] = M::scale_pair(af[kb][2], e8.x, e8.y);
+        af[kb][3] = M::scale_pair(af[kb][3], e8.x, e8.y);
       }
       wgmma::fence(acc);
 #pragma unroll
@@ -586,7 +600,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     FUSED_PHASE(2);
 
     // --- 2. wgmma, A = −W or Q and B = S from shared memory: warpgroup 0
-    // Vd = U − W S, warpgroup 1 Q S.
+    // Vd = U − W S, warpgroup 1 Q S. While they run, step 3's A operand
+    // (K ⊙ e^{γ_C − γ})ᵀ for key rows 16 warp..: ldmatrix.trans of K, scaled by
+    // token (column) in registers.
+    uint32_t kf[kChunk / 16][4];
     {
       wgmma::fence(acc);
 #pragma unroll
@@ -594,7 +611,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint64_t x = is_u ? wgmma::kmajor_desc(w_tile, 16 * k) : wgmma::kmajor_desc(qs, 16 * k);
         wgmma::mma_ss<T, kDim, wgmma::kK, wgmma::kMN>(x, wgmma::mnmajor_desc(s_copy, 16 * k), acc);
       }
-      wgmma::commit_and_wait(acc);
+      wgmma::commit();
+#pragma unroll
+      for (int k = 0; k < kChunk / 16; ++k) {
+        mma::load_a_trans(kf[k], ks, 16 * warp, 16 * k, lane);
+        const int c0 = 16 * k + 2 * t4;
+        const float2 d0 = *reinterpret_cast<const float2*>(decay + c0);
+        const float2 d8 = *reinterpret_cast<const float2*>(decay + c0 + 8);
+        kf[k][0] = M::scale_pair(kf[k][0], d0.x, d0.y);
+        kf[k][1] = M::scale_pair(kf[k][1], d0.x, d0.y);
+        kf[k][2] = M::scale_pair(kf[k][2], d8.x, d8.y);
+        kf[k][3] = M::scale_pair(kf[k][3], d8.x, d8.y);
+      }
+      wgmma::wait<0>();
+      wgmma::fence_operands(acc);
     }
     FUSED_PHASE(4);
 #pragma unroll
@@ -606,7 +636,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           *reinterpret_cast<uint32_t*>(vd_tile.at(i, 8 * j + 2 * t4)) =
               M::pack(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
       } else {
-        const float eg = __expf(gam[i]);
+        const float eg = exp_gam[i];
 #pragma unroll
         for (int j = 0; j < 16; ++j) acc[4 * j + 2 * half] *= eg, acc[4 * j + 2 * half + 1] *= eg;
       }
@@ -618,23 +648,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     // --- 3. One wgmma batch a warpgroup: warpgroup 1 O = scale (e^γ Q S + P Vd),
     // written for rows < L; both S = e^{γ_C} S + (K ⊙ e^{γ_C − γ})ᵀ Vd on key rows 64 w...
     {
-      const float e_last = __expf(gamma_last);
+      const float e_last = exp_gam[kChunk - 1];
 #pragma unroll
       for (int i = 0; i < 64; ++i) s_acc[i] *= e_last;
-      // A operands: P from shared memory (K-major); (K ⊙ e^{γ_C − γ})ᵀ for key
-      // rows 16 warp.. from ldmatrix.trans, scaled by token (column) in registers.
-      uint32_t kf[kChunk / 16][4];
-#pragma unroll
-      for (int k = 0; k < kChunk / 16; ++k) {
-        mma::load_a_trans(kf[k], ks, 16 * warp, 16 * k, lane);
-        const int c0 = 16 * k + 2 * t4;
-        const float d0 = __expf(gamma_last - gam[c0]), d1 = __expf(gamma_last - gam[c0 + 1]);
-        const float d8 = __expf(gamma_last - gam[c0 + 8]), d9 = __expf(gamma_last - gam[c0 + 9]);
-        kf[k][0] = M::scale_pair(kf[k][0], d0, d1);
-        kf[k][1] = M::scale_pair(kf[k][1], d0, d1);
-        kf[k][2] = M::scale_pair(kf[k][2], d8, d9);
-        kf[k][3] = M::scale_pair(kf[k][3], d8, d9);
-      }
+      // A operands: P from shared memory (K-major); kf from step 2.
       if (!is_u) wgmma::fence_operands(acc);
       wgmma::fence_operands(s_acc);
       wgmma::arrive();
