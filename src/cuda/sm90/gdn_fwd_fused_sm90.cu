@@ -21,7 +21,7 @@ constexpr int kDim = 128;   // K = V
 constexpr int kStateThreads = 256;
 constexpr int kProducerThreads = 128;
 constexpr int kThreads = kStateThreads + kProducerThreads;
-constexpr int kStateRegisters = 200, kProducerRegisters = 104;
+constexpr int kStateRegisters = 184, kProducerRegisters = 128;
 // setmaxnreg.inc takes registers only from those the CTA's own .dec released
 // (it waits otherwise: a deadlock), from the launch allocation (the register
 // file over the CTA's threads, rounded down to 8: 168).
@@ -57,8 +57,8 @@ __device__ __forceinline__ void set_max_registers() {
 // warpgroups run); one of everything else. Every 16-bit tile is a core-matrix
 // tile (ldmatrix reads it without bank conflicts, wgmma through a descriptor).
 // T is the producer's own padded fp32 [64][68] tile: it builds T there in place
-// from A's diagonal blocks, and keeps A's six blocks below the diagonal (then
-// M = T_ii A_ik) in the blocks above the diagonal, which T does not use.
+// from A's two 32x32 diagonal blocks, and keeps A's block below them (then
+// M = T_11 A_10) in the block above, which T does not use.
 using mma::CoreTile;
 constexpr int kKStages = 3;
 constexpr int kTile16 = kChunk * kDim * 2;   // [64][128]
@@ -190,9 +190,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  // Block (i, k), i > k, below T's diagonal: A_ik, then M_ik, kept in T's
-  // block (k, i) above the diagonal (row stride kLdF).
-  auto m_block = [&](int i, int k) { return sm_t + 16 * k * kLdF + 16 * i; };
 
   if (warp >= kStateThreads / 32) {
     // ===== Producer warpgroup: loads, gates, A and T of each chunk, one ahead. =====
@@ -378,15 +375,15 @@ __global__ void __launch_bounds__(kThreads, 1)
             const float x[2] = {acc[4 * j + 2 * half] * b_row[half] * masked_exp(col < i, g_row[half] - g_col[j].x),
                                 acc[4 * j + 2 * half + 1] * b_row[half] *
                                     masked_exp(col + 1 < i, g_row[half] - g_col[j].y)};
-            // Diagonal blocks into T's (inverted there in place), blocks below
-            // into their M blocks; those above the diagonal are never read.
-            const int bj = j / 2;
-            if (bj == pwarp) {  // transposed, as the substitution reads it (conflict-free)
+            // The two 32x32 diagonal blocks into T's (inverted there in place),
+            // transposed as the substitution reads them (conflict-free); the
+            // block below, A_10, into T's unused block above the diagonal
+            // (rows 0..31, columns 32..63); the rest is never read.
+            if (j / 4 == pwarp / 2) {
               tt[col * kLdF + i] = x[0];
               tt[(col + 1) * kLdF + i] = x[1];
-            } else if (bj < pwarp) {
-              *reinterpret_cast<float2*>(m_block(pwarp, bj) + (i - 16 * pwarp) * kLdF + col - 16 * bj) =
-                  make_float2(x[0], x[1]);
+            } else if (j / 4 < pwarp / 2) {
+              *reinterpret_cast<float2*>(tt + (i - 32) * kLdF + 32 + col) = make_float2(x[0], x[1]);
             }
           }
         }
@@ -394,60 +391,59 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(10);
 
-      // T = (I + A)⁻¹: the four 16x16 diagonal blocks by forward substitution
-      // (warp = block, lane = column) in fp32, in place, column by column of A:
-      // once x_m is final it updates every later row at once, so the dependent
-      // chain is 15 FMAs deep, and A's column m (stored transposed by the
-      // epilogue above: row m of the block) comes in as four broadcast float4s...
-      if (lane < 16) {
-        const int b0 = 16 * pwarp;
+      // T = (I + A)⁻¹: the two 32x32 diagonal blocks by forward substitution
+      // (warps 0 and 1: warp = block, lane = column) in fp32, in place, column by
+      // column of A: once x_m is final it updates every later row at once, so
+      // the dependent chain is 31 FMAs deep, and A's column m (stored transposed
+      // by the epilogue above: row m of the block) comes in as broadcast float4s...
+      if (pwarp < 2) {
+        const int b0 = 32 * pwarp;
         const float* const a_cols = tt + b0 * kLdF + b0;  // a_cols[m kLdF + r] = A[b0 + r][b0 + m]
         // The identity column, built here each chunk: as loop-invariant values
-        // ptxas would keep all 16 live across the chunk loop (a spill at 104
-        // registers); the volatile move pins them inside.
+        // ptxas would keep them live across the chunk loop; the volatile move
+        // pins them inside.
         float one;
         asm volatile("mov.b32 %0, 0x3f800000;\n" : "=f"(one));
-        float x[16];
+        float x[32];
 #pragma unroll
-        for (int r = 0; r < 16; ++r) x[r] = r == lane ? one : 0.f;
+        for (int r = 0; r < 32; ++r) x[r] = r == lane ? one : 0.f;
 #pragma unroll
-        for (int m = 0; m < 15; ++m) {
-          float col[16];
+        for (int m = 0; m < 31; ++m) {
 #pragma unroll
-          for (int q = (m + 1) / 4; q < 4; ++q) {
+          for (int q = (m + 1) / 4; q < 8; ++q) {
             const float4 v = *reinterpret_cast<const float4*>(a_cols + m * kLdF + 4 * q);
-            col[4 * q] = v.x, col[4 * q + 1] = v.y, col[4 * q + 2] = v.z, col[4 * q + 3] = v.w;
+            const float col[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (4 * q + e > m) x[4 * q + e] -= col[e] * x[m];
           }
-#pragma unroll
-          for (int r = m + 1; r < 16; ++r) x[r] -= col[r] * x[m];
+          // Loads hoisted more than a few steps ahead only cost registers.
+          if (m % 4 == 3) asm volatile("" ::: "memory");
         }
-        __syncwarp(0x0000ffffu);  // every lane has read the block
+        __syncwarp();  // every lane has read the block
 #pragma unroll
-        for (int r = 0; r < 16; ++r) tt[(b0 + r) * kLdF + b0 + lane] = x[r];
+        for (int r = 0; r < 32; ++r) tt[(b0 + r) * kLdF + b0 + lane] = x[r];
       }
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(11);
-      // ...then M_ik = T_ii A_ik for the six blocks below the diagonal, in place of
-      // A_ik (warp w: blocks w and w + 4 of (1,0) (2,1) (3,2) (2,0) (3,1) (3,0))...
-      for (int b = pwarp; b < 6; b += 4) {
-        const int i = b < 3 ? b + 1 : (b < 5 ? b - 1 : 3), k = b < 3 ? b : (b < 5 ? b - 3 : 0);
+      // ...then the block below, T_10 = −T_11 A_10 T_00, in two tf32 levels of
+      // 16x16 quadrants (warp w: quadrant (w / 2, w % 2)); T_11 and T_00 are
+      // lower triangular, so only their quadrants on and below the diagonal
+      // enter. M = T_11 A_10 goes over A_10 once every warp has read it...
+      {
+        const int qi = pwarp >> 1, qj = pwarp & 1;
         float m[2][4] = {};
-        mma::mma_tf32_16x16x16(m, tt + 16 * i * kLdF + 16 * i, kLdF, m_block(i, k), kLdF, lane);
-        __syncwarp();
-        mma::store_c_16x16(m_block(i, k), kLdF, m, 1.f, lane);
-      }
-      named_sync(kBarProducer, kProducerThreads);
-      // ...and T_ij = −Σ_{k=j}^{i−1} M_ik T_kj down each column block j (warp j < 3),
-      // in tf32.
-      if (pwarp < 3) {
-        const int j = pwarp;
-        for (int i = j + 1; i < 4; ++i) {
-          float acc[2][4] = {};
-          for (int k = j; k < i; ++k)
-            mma::mma_tf32_16x16x16(acc, m_block(i, k), kLdF, tt + 16 * k * kLdF + 16 * j, kLdF, lane);
-          mma::store_c_16x16(tt + 16 * i * kLdF + 16 * j, kLdF, acc, -1.f, lane);
-          __syncwarp();
-        }
+        for (int kk = 0; kk <= qi; ++kk)
+          mma::mma_tf32_16x16x16(m, tt + (32 + 16 * qi) * kLdF + 32 + 16 * kk, kLdF, tt + 16 * kk * kLdF + 32 + 16 * qj,
+                                 kLdF, lane);
+        named_sync(kBarProducer, kProducerThreads);
+        mma::store_c_16x16(tt + 16 * qi * kLdF + 32 + 16 * qj, kLdF, m, 1.f, lane);
+        named_sync(kBarProducer, kProducerThreads);
+        // ...and T_10 = −M T_00 into T's block below the diagonal.
+        float t[2][4] = {};
+        for (int kk = qj; kk < 2; ++kk)
+          mma::mma_tf32_16x16x16(t, tt + 16 * qi * kLdF + 32 + 16 * kk, kLdF, tt + 16 * kk * kLdF + 16 * qj, kLdF, lane);
+        mma::store_c_16x16(tt + (32 + 16 * qi) * kLdF + 16 * qj, kLdF, t, -1.f, lane);
       }
       FUSED_PHASE(12);
       tma::wait(bar_qv + stage, uint32_t(c >> 1) & 1u);  // Q(c) and V(c)
@@ -480,7 +476,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma::wait<0>();
         wgmma::fence_operands(acc);
         // P's epilogue, and Tβ's element pairs at the same places (T's blocks
-        // above the diagonal hold the M blocks: zero there).
+        // above the diagonal hold M or are zero: zero there).
         const CoreTile<T, kChunk> pt = p_tile(stage), tb = tb_tile(stage);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
