@@ -69,8 +69,8 @@ void run(int64_t B, int64_t T, int64_t H, int64_t HV) {
   check(cudaMemcpyFromSymbol(cycles, flashqla::cuda::fused_profile_cycles, sizeof(cycles)), "read");
   const long long n = cycles[kProfileSlots - 1] > 0 ? cycles[kProfileSlots - 1] : 1;
   static const char* const names[kProfileSlots - 1] = {
-      "wait ready", "step 1 (U | W)", "step 1 barrier", "loads issued", "step 2 (Vd | QS)", "Vd store, barrier",
-      "step 3 (O, S)", "S copy", "wait free", "K landed, rows prepared", "A", "diagonal inverse", "off-diagonal",
+      "wait ready", "KS, QS first keys", "KS, QS other keys, V", "loads issued", "V', V_new", "O, S update",
+      "O store", "(unused)", "wait free", "K landed, rows prepared", "A", "diagonal inverse", "off-diagonal",
       "Q, V landed", "gates", "P, T beta, ready"};
   // Slot order in time: the state warpgroups', then the producer's.
   static const int order[kProfileSlots - 1] = {0, 1, 2, 4, 5, 6, 7, 8, 3, 14, 9, 10, 11, 12, 13, 15};

@@ -15,13 +15,14 @@ namespace {
 
 constexpr int kChunk = 64;  // tokens per chunk
 constexpr int kDim = 128;   // K = V
-// Warpgroups 0 and 1 run the state chain of chunk c; warpgroup 2 loads chunk
-// c + 1 and computes its A, T = (I + A)⁻¹, Tβ and P meanwhile (the
-// state-independent part but U and W). Registers move to the state warpgroups.
+// Warpgroups 0 and 1 run the state chain of chunk c, each for half the values
+// (Sᵀ split by value rows: two independent chains); warpgroup 2 loads chunk
+// c + 1 and computes its A, T = (I + A)⁻¹, Tβ and P meanwhile (everything that
+// does not read S). Registers move to the state warpgroups.
 constexpr int kStateThreads = 256;
 constexpr int kProducerThreads = 128;
 constexpr int kThreads = kStateThreads + kProducerThreads;
-constexpr int kStateRegisters = 184, kProducerRegisters = 128;
+constexpr int kStateRegisters = 192, kProducerRegisters = 120;
 // setmaxnreg.inc takes registers only from those the CTA's own .dec released
 // (it waits otherwise: a deadlock), from the launch allocation (the register
 // file over the CTA's threads, rounded down to 8: 168).
@@ -31,10 +32,11 @@ static_assert(kStateThreads * (kStateRegisters - kLaunchRegisters) <=
               "the state warpgroups' registers come from the producer's");
 constexpr int kLdF = kChunk + 4;  // row stride of fp32 [64][64] tiles
 
-// Named barriers (0 is __syncthreads): inside the state warpgroups, inside the
-// producer warpgroup, chunk ready (producer -> state, per stage) and stage free
-// (state -> producer, per stage).
-constexpr int kBarState = 1, kBarProducer = 2, kBarChunkReady = 3, kBarStageFree = 5;
+// Named barriers (0 is __syncthreads): inside the state warpgroups (once an
+// item), inside the producer warpgroup, chunk
+// ready (producer -> state, per stage), stage free (state -> producer, per
+// stage) and, per state warpgroup, its output tile written.
+constexpr int kBarState = 1, kBarProducer = 2, kBarChunkReady = 3, kBarStageFree = 5, kBarOutput = 7;
 
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -58,7 +60,9 @@ __device__ __forceinline__ void set_max_registers() {
 // tile (ldmatrix reads it without bank conflicts, wgmma through a descriptor).
 // T is the producer's own padded fp32 [64][68] tile: it builds T there in place
 // from A's two 32x32 diagonal blocks, and keeps A's block below them (then
-// M = T_11 A_10) in the block above, which T does not use.
+// M = T_11 A_10) in the block above, which T does not use. O goes out through
+// a padded [64 tokens][136] tile, two stages (each state warpgroup its 64
+// value columns), so that its rows leave in coalesced stores.
 using mma::CoreTile;
 constexpr int kKStages = 3;
 constexpr int kTile16 = kChunk * kDim * 2;   // [64][128]
@@ -67,15 +71,17 @@ constexpr int kTileF = kChunk * kLdF * 4;    // fp32 [64][68]
 constexpr int kOffQ = 0;
 constexpr int kOffK = kOffQ + 2 * kTile16;
 constexpr int kOffV = kOffK + kKStages * kTile16;
-constexpr int kOffW = kOffV + 2 * kTile16;
-constexpr int kOffS = kOffW + kTile16;
-constexpr int kOffVd = kOffS + kDim * kDim * 2;
-constexpr int kOffP = kOffVd + kTile16;
+constexpr int kLdO = kDim + 8;  // row stride of the output tile (conflict-free transposed writes)
+constexpr int kOffO = kOffV + 2 * kTile16;
+constexpr int kOffP = kOffO + 2 * kChunk * kLdO * 2;
 constexpr int kOffTb = kOffP + 2 * kTile64;
 constexpr int kOffT = kOffTb + 2 * kTile64;
 constexpr int kOffGate = kOffT + kTileF;
 constexpr int kGateFloats = 7 * kChunk;  // γ, e^γ, e^{γ_C − γ} two stages each, β one
-constexpr int kOffBar = kOffGate + kGateFloats * 4;  // mbarriers: k stages, then q/v stages
+// The item's final-state target, whether it writes O and O's first row, parked
+// here by the state warpgroups for the chunk loop (registers fewer at its peak).
+constexpr int kOffFinal = kOffGate + kGateFloats * 4;
+constexpr int kOffBar = kOffFinal + 64;  // mbarriers: k stages, then q/v stages
 constexpr int kSmemBytes = kOffBar + (kKStages + 2) * 8;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits in T's tile");
@@ -143,11 +149,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* const sm_q = reinterpret_cast<T*>(smem + kOffQ);
   T* const sm_k = reinterpret_cast<T*>(smem + kOffK);
   T* const sm_v = reinterpret_cast<T*>(smem + kOffV);
-  const CoreTile<T, kDim> w_tile{reinterpret_cast<T*>(smem + kOffW)};  // −W, [64 tokens][128 keys]
-  // B operands read MN-major (rows = the reduction, columns = values): S's copy
-  // [128 keys][128 values], Vd [64 tokens][128 values].
-  const CoreTile<T, kDim> s_copy{reinterpret_cast<T*>(smem + kOffS)};
-  const CoreTile<T, kDim> vd_tile{reinterpret_cast<T*>(smem + kOffVd)};
+  T* const sm_o = reinterpret_cast<T*>(smem + kOffO);  // [2][64 tokens][kLdO]
   // Handed over by the producer, two stages each: P = Q Kᵀ ⊙ Γ and Tβ = T diag(β),
   // [64][64] (A operands, K-major).
   auto p_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffP + stage * kTile64)}; };
@@ -456,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       FUSED_PHASE(13);
 
       // P = Q Kᵀ ⊙ Γ, lower with the diagonal (wgmma m64n64, both K-major), and
-      // Tβ = T diag(β) in 16 bits, the state warpgroups' A operand for U and W.
+      // Tβ = T diag(β) in 16 bits, B operands of the state warpgroups' GEMMs.
       {
         float acc[kChunk / 2];
 #pragma unroll
@@ -505,35 +507,50 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 
   // ===== State warpgroups: the chain of S through the chunks. =====
+  // The state is kept transposed, Sᵀ [values][keys], and split by value rows:
+  // warpgroup w owns values 64 w.. and runs its own chain, meeting the other only
+  // at the producer's barriers. S is the A operand (registers) of every state
+  // GEMM, each GEMM's accumulator the next one's A operand; W and U are never
+  // formed: V_new = Tβ (V − e^γ ⊙ K S).
   set_max_registers<kStateRegisters>();
   const int wr = warp & 3;
-  const bool is_u = warp < 4;  // warpgroup 0 (P and U, then Vd) or 1 (W, then Q S and O)
-  T* const o_base = static_cast<T*>(a.o) + row * a.o_sb + hv * a.o_sh;
+  const int v0 = 64 * (warp >> 2);  // the warpgroup's first value
+  StateTarget* const sm_final = reinterpret_cast<StateTarget*>(smem + kOffFinal);
+  int* const sm_write_o = reinterpret_cast<int*>(smem + kOffFinal + 40);
+  static_assert(sizeof(StateTarget) <= 40, "the final-state target fits its slot");
+  T** const sm_o_rows = reinterpret_cast<T**>(smem + kOffFinal + 48);
+  if (tid == 0) {
+    *sm_final = item.final_state;
+    *sm_write_o = item.write_o;
+    *sm_o_rows = static_cast<T*>(a.o) + row * a.o_sb + hv * a.o_sh + int64_t(bos) * a.o_st;  // the item's first token
+  }
 
-  // The state in the wgmma accumulator layout: s_acc[4 j + e] is key row
-  // 16 warp + g + 8 (e / 2), value column 8 j + 2 t4 + e % 2 (warpgroup w: keys 64 w..).
+  // Sᵀ in the wgmma accumulator layout (m64n128): s_acc[4 j + e] is value
+  // v0 + 16 wr + g + 8 (e / 2), key 8 j + 2 t4 + e % 2.
   float s_acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
-    const int x = 16 * warp + g + ((i >> 1) & 1) * 8, c = 8 * (i >> 2) + 2 * t4 + (i & 1);
-    s_acc[i] = item.init.load(x, c);
+    const int v = v0 + 16 * wr + g + ((i >> 1) & 1) * 8, k = 8 * (i >> 2) + 2 * t4 + (i & 1);
+    s_acc[i] = item.init.load(k, v);
   }
-  // S's 16-bit copy, the B operand of step 4 (K = keys, N = values).
-  auto store_state_copy = [&]() {
-#pragma unroll
-    for (int i = 0; i < 64; i += 2) {
-      const int x = 16 * warp + g + ((i >> 1) & 1) * 8, c = 8 * (i >> 2) + 2 * t4;
-      *reinterpret_cast<uint32_t*>(s_copy.at(x, c)) = M::pack(s_acc[i], s_acc[i + 1]);
-    }
-    wgmma::fence_shared_for_async();
+  // An accumulator's 16 columns 16 kb.. as an A fragment (16 bits): the mma.sync
+  // A layout is the accumulator layout of two adjacent n8 tiles.
+  auto a_fragment = [&](const float* d, float lo0, float hi0, float lo8, float hi8, uint32_t (&f)[4]) {
+    f[0] = M::pack(d[0] * lo0, d[1] * hi0);
+    f[1] = M::pack(d[2] * lo0, d[3] * hi0);
+    f[2] = M::pack(d[4] * lo8, d[5] * hi8);
+    f[3] = M::pack(d[6] * lo8, d[7] * hi8);
   };
-  store_state_copy();
 
+  // Loop-carried scalars kept few (the chunk loop's register peak is step 1):
+  // the tokens left from chunk c on.
+  const int nc = int(n_chunks);
+  int tokens_left = eos - bos;
+  named_sync(kBarState, kStateThreads);  // sm_final, sm_write_o written
   FUSED_PROFILE_BEGIN();
-  for (int64_t c = 0; c < n_chunks; ++c) {
-    const int stage = int(c & 1);
-    const int64_t t0 = int64_t(bos) + c * kChunk;
-    const int L = chunk_rows(c);
+  for (int c = 0; c < nc; ++c, tokens_left -= kChunk) {
+    const int stage = c & 1;
+    const int L = min(kChunk, tokens_left);
     named_sync(kBarChunkReady + stage, kThreads);
     FUSED_PHASE(0);
 #if defined(FLASHQLA_FUSED_ISOLATE) && FLASHQLA_FUSED_ISOLATE == 2
@@ -545,153 +562,130 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float* const decay = sm_decay + stage * kChunk;         // e^{γ_C − γ}
     const CoreTile<T, kChunk> tb = tb_tile(stage), pt = p_tile(stage);
 
-    // --- 1. Warpgroup 0: U = Tβ V (A = Tβ, K-major, and B = V, MN-major, both
-    // from shared memory), kept as step 2's accumulator. Warpgroup 1:
-    // −W = −Tβ diag(e^γ) K, A = Tβ's rows 16 wr.. through ldmatrix scaled by
-    // column in registers (blocks above the diagonal are zero), B = K MN-major,
-    // to shared memory.
-    float acc[64];
+    // --- 1. Oᵀ = Sᵀ Qᵀ and (K S)ᵀ = Sᵀ Kᵀ (m64n64k128, A = Sᵀ in 16 bits, B =
+    // Q and K K-major); then Vᵀ's fragments (values 16 wr.. of the warpgroup's,
+    // tokens as K) through ldmatrix.trans.
+    float o_acc[kChunk / 2], ks_acc[kChunk / 2];
+    uint32_t vf[kChunk / 16][4];
 #pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-    if (is_u) {
-      wgmma::fence(acc);
+    for (int i = 0; i < kChunk / 2; ++i) o_acc[i] = ks_acc[i] = 0.f;
+    // Two batches of half the keys each, the second's fragments made once the
+    // first finished (16 registers of fragments at the peak instead of 32; the
+    // other warpgroup's wgmmas fill the gap).
 #pragma unroll
-      for (int kb = 0; kb < kChunk / 16; ++kb)
-        wgmma::mma_ss<T, kDim, wgmma::kK, wgmma::kMN>(wgmma::kmajor_desc(tb, 16 * kb), wgmma::mnmajor_desc(vs, 16 * kb),
-                                                      acc);
-      wgmma::commit_and_wait(acc);
-    } else {
-      uint32_t af[kChunk / 16][4];
+    for (int half = 0; half < 2; ++half) {
+      uint32_t sf[kDim / 32][4];
+#pragma unroll
+      for (int kb = 0; kb < kDim / 32; ++kb) a_fragment(s_acc + 8 * (4 * half + kb), 1.f, 1.f, 1.f, 1.f, sf[kb]);
+      wgmma::fence_operands(ks_acc);
+      wgmma::fence(o_acc);
+#pragma unroll
+      for (int kb = 0; kb < kDim / 32; ++kb) {
+        wgmma::mma<T, kChunk>(sf[kb], wgmma::kmajor_desc(ks, 16 * (4 * half + kb)), ks_acc);
+        wgmma::mma<T, kChunk>(sf[kb], wgmma::kmajor_desc(qs, 16 * (4 * half + kb)), o_acc);
+      }
+      wgmma::commit();
+      if (half == 0) FUSED_PHASE(1);
+      wgmma::wait<0>();
+      wgmma::fence_operands(ks_acc);
+      wgmma::fence_operands(o_acc);
+    }
+#pragma unroll
+    for (int kb = 0; kb < kChunk / 16; ++kb) mma::load_a_trans(vf[kb], vs, v0 + 16 * wr, 16 * kb, lane);
+    FUSED_PHASE(2);
+    asm volatile("" ::: "memory");  // the next step's shared-memory loads stay in it
+
+    // --- 2. V'ᵀ = Vᵀ − (K S)ᵀ diag(e^γ) in 16 bits, then V_newᵀ = V'ᵀ (Tβ)ᵀ
+    // (m64n64k64, B = Tβ K-major).
+    float nv_acc[kChunk / 2];
+    {
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
-        if (kb > wr) {
-          af[kb][0] = af[kb][1] = af[kb][2] = af[kb][3] = 0u;
-          continue;
-        }
-        mma::load_a(af[kb], tb, 16 * wr, 16 * kb, lane);
         const int c0 = 16 * kb + 2 * t4;
         const float2 e0 = *reinterpret_cast<const float2*>(exp_gam + c0);
         const float2 e8 = *reinterpret_cast<const float2*>(exp_gam + c0 + 8);
-        af[kb][0] = M::scale_pair(af[kb][0], e0.x, e0.y);
-        af[kb][1] = M::scale_pair(af[kb][1], e0.x, e0.y);
-        af[kb][2] = M::scale_pair(af[kb][2], e8.x, e8.y);
-        af[kb][3] = M::scale_pair(af[kb][3], e8.x, e8.y);
-      }
-      wgmma::fence(acc);
+        const float* d = ks_acc + 8 * kb;
+        const float sc[8] = {e0.x, e0.y, e0.x, e0.y, e8.x, e8.y, e8.x, e8.y};
 #pragma unroll
-      for (int kb = 0; kb < kChunk / 16; ++kb)
-        wgmma::mma_b_mn<T, kDim>(af[kb], wgmma::mnmajor_desc(ks, 16 * kb), acc);
-      wgmma::commit_and_wait(acc);
-#pragma unroll
-      for (int j = 0; j < 16; ++j) {
-        const int i = 16 * wr + g, col = 8 * j + 2 * t4;
-        *reinterpret_cast<uint32_t*>(w_tile.at(i, col)) = M::pack(-acc[4 * j], -acc[4 * j + 1]);
-        *reinterpret_cast<uint32_t*>(w_tile.at(i + 8, col)) = M::pack(-acc[4 * j + 2], -acc[4 * j + 3]);
-        acc[4 * j] = acc[4 * j + 1] = acc[4 * j + 2] = acc[4 * j + 3] = 0.f;
+        for (int q = 0; q < 4; ++q) {
+          const float2 v = M::unpack(vf[kb][q]);
+          vf[kb][q] = M::pack(v.x - d[2 * q] * sc[2 * q], v.y - d[2 * q + 1] * sc[2 * q + 1]);
+        }
       }
-    }
-    wgmma::fence_shared_for_async();  // −W is a wgmma A operand
-    FUSED_PHASE(1);
-    named_sync(kBarState, kStateThreads);
-    FUSED_PHASE(2);
-
-    // --- 2. wgmma, A = −W or Q and B = S from shared memory: warpgroup 0
-    // Vd = U − W S, warpgroup 1 Q S. While they run, step 3's A operand
-    // (K ⊙ e^{γ_C − γ})ᵀ for key rows 16 warp..: ldmatrix.trans of K, scaled by
-    // token (column) in registers.
-    uint32_t kf[kChunk / 16][4];
-    {
-      wgmma::fence(acc);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const uint64_t x = is_u ? wgmma::kmajor_desc(w_tile, 16 * k) : wgmma::kmajor_desc(qs, 16 * k);
-        wgmma::mma_ss<T, kDim, wgmma::kK, wgmma::kMN>(x, wgmma::mnmajor_desc(s_copy, 16 * k), acc);
-      }
-      wgmma::commit();
+      for (int i = 0; i < kChunk / 2; ++i) nv_acc[i] = 0.f;
+      wgmma::fence(nv_acc);
 #pragma unroll
-      for (int k = 0; k < kChunk / 16; ++k) {
-        mma::load_a_trans(kf[k], ks, 16 * warp, 16 * k, lane);
-        const int c0 = 16 * k + 2 * t4;
-        const float2 d0 = *reinterpret_cast<const float2*>(decay + c0);
-        const float2 d8 = *reinterpret_cast<const float2*>(decay + c0 + 8);
-        kf[k][0] = M::scale_pair(kf[k][0], d0.x, d0.y);
-        kf[k][1] = M::scale_pair(kf[k][1], d0.x, d0.y);
-        kf[k][2] = M::scale_pair(kf[k][2], d8.x, d8.y);
-        kf[k][3] = M::scale_pair(kf[k][3], d8.x, d8.y);
-      }
-      wgmma::wait<0>();
-      wgmma::fence_operands(acc);
+      for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(vf[kb], wgmma::kmajor_desc(tb, 16 * kb), nv_acc);
+      wgmma::commit_and_wait(nv_acc);
     }
     FUSED_PHASE(4);
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int i = 16 * wr + g + 8 * half;
-      if (is_u) {  // Vd: the B operand (K = tokens) of step 3
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-          *reinterpret_cast<uint32_t*>(vd_tile.at(i, 8 * j + 2 * t4)) =
-              M::pack(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-      } else {
-        const float eg = exp_gam[i];
-#pragma unroll
-        for (int j = 0; j < 16; ++j) acc[4 * j + 2 * half] *= eg, acc[4 * j + 2 * half + 1] *= eg;
-      }
-    }
-    if (is_u) wgmma::fence_shared_for_async();
-    named_sync(kBarState, kStateThreads);
-    FUSED_PHASE(5);
+    asm volatile("" ::: "memory");  // the next step's shared-memory loads stay in it
 
-    // --- 3. One wgmma batch a warpgroup: warpgroup 1 O = scale (e^γ Q S + P Vd),
-    // written for rows < L; both S = e^{γ_C} S + (K ⊙ e^{γ_C − γ})ᵀ Vd on key rows 64 w...
+    // --- 3. One batch: Oᵀ = Oᵀ diag(e^γ) + V_newᵀ Pᵀ (B = P K-major) and
+    // Sᵀ = e^{γ_C} Sᵀ + (V_newᵀ diag(e^{γ_C − γ})) K (B = K MN-major).
     {
+      uint32_t nf[kChunk / 16][4], nd[kChunk / 16][4];
+#pragma unroll
+      for (int kb = 0; kb < kChunk / 16; ++kb) {
+        const int c0 = 16 * kb + 2 * t4;
+        const float2 e0 = *reinterpret_cast<const float2*>(exp_gam + c0);
+        const float2 e8 = *reinterpret_cast<const float2*>(exp_gam + c0 + 8);
+        const float2 d0 = *reinterpret_cast<const float2*>(decay + c0);
+        const float2 d8 = *reinterpret_cast<const float2*>(decay + c0 + 8);
+        a_fragment(nv_acc + 8 * kb, 1.f, 1.f, 1.f, 1.f, nf[kb]);
+        a_fragment(nv_acc + 8 * kb, d0.x, d0.y, d8.x, d8.y, nd[kb]);
+        float* o = o_acc + 8 * kb;
+        o[0] *= e0.x, o[1] *= e0.y, o[2] *= e0.x, o[3] *= e0.y;
+        o[4] *= e8.x, o[5] *= e8.y, o[6] *= e8.x, o[7] *= e8.y;
+      }
       const float e_last = exp_gam[kChunk - 1];
 #pragma unroll
       for (int i = 0; i < 64; ++i) s_acc[i] *= e_last;
-      // A operands: P from shared memory (K-major); kf from step 2.
-      if (!is_u) wgmma::fence_operands(acc);
+      wgmma::fence_operands(o_acc);
       wgmma::fence_operands(s_acc);
       wgmma::arrive();
-      if (!is_u) {
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
-          wgmma::mma_ss<T, kDim, wgmma::kK, wgmma::kMN>(wgmma::kmajor_desc(pt, 16 * k),
-                                                        wgmma::mnmajor_desc(vd_tile, 16 * k), acc);
-      }
+      for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(nf[kb], wgmma::kmajor_desc(pt, 16 * kb), o_acc);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) wgmma::mma_b_mn<T, kDim>(kf[k], wgmma::mnmajor_desc(vd_tile, 16 * k), s_acc);
+      for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma_b_mn<T, kDim>(nd[kb], wgmma::mnmajor_desc(ks, 16 * kb), s_acc);
       wgmma::commit_and_wait();
+      wgmma::fence_operands(o_acc);
       wgmma::fence_operands(s_acc);
-      // This stage (q, k, v, gates, T) is no longer read: the producer may refill it.
-      named_arrive(kBarStageFree + stage, kThreads);
-      if (!is_u) {
-        wgmma::fence_operands(acc);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = 16 * wr + g + 8 * half;
-          if (item.write_o && i < L) {
-            T* const orow = o_base + (t0 + i) * a.o_st;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-              *reinterpret_cast<uint32_t*>(orow + 8 * j + 2 * t4) =
-                  M::pack(a.scale * acc[4 * j + 2 * half], a.scale * acc[4 * j + 2 * half + 1]);
-            }
-          }
-        }
-      }
     }
-    // Every state warp finished reading S's copy in step 2; the next chunk's
-    // ready barrier orders these writes before its step 2.
+    // This stage (q, k, v, gates, P, Tβ) is no longer read: the producer may refill it.
+    named_arrive(kBarStageFree + stage, kThreads);
+    FUSED_PHASE(5);
+
+    // --- 4. O = scale Oᵀᵀ, rows < L: o_acc[4 j + e] (value v0 + 16 wr + g +
+    // 8 (e / 2), token 8 j + 2 t4 + e % 2) into the output tile, then out in
+    // rows (a warp a row's 64 values of the warpgroup's). The tile has two
+    // stages: chunk c + 2 writes this one after every thread of the warpgroup
+    // passed chunk c + 1's barrier, i.e. finished reading it.
+    if (*sm_write_o) {
+      T* const ot = sm_o + stage * kChunk * kLdO;
+#pragma unroll
+      for (int j = 0; j < kChunk / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          ot[(8 * j + 2 * t4 + (e & 1)) * kLdO + v0 + 16 * wr + g + 8 * (e >> 1)] = T(a.scale * o_acc[4 * j + e]);
+      }
+      named_sync(kBarOutput + (warp >> 2), 128);
+      T* const o_chunk = *sm_o_rows + int64_t(c) * kChunk * a.o_st + v0 + 2 * lane;
+#pragma unroll 4
+      for (int i = wr; i < L; i += 4)
+        *reinterpret_cast<uint32_t*>(o_chunk + i * a.o_st) = *reinterpret_cast<const uint32_t*>(ot + i * kLdO + v0 + 2 * lane);
+    }
     FUSED_PHASE(6);
-    store_state_copy();
-    FUSED_PHASE(7);
   }
   FUSED_PROFILE_END(n_chunks);
 
-  if (item.final_state.ptr != nullptr) {
+  const StateTarget final_state = *sm_final;
+  if (final_state.ptr != nullptr) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
-      const int x = 16 * warp + g + ((i >> 1) & 1) * 8, c = 8 * (i >> 2) + 2 * t4 + (i & 1);
-      item.final_state.store(x, c, s_acc[i]);
+      const int v = v0 + 16 * wr + g + ((i >> 1) & 1) * 8, k = 8 * (i >> 2) + 2 * t4 + (i & 1);
+      final_state.store(k, v, s_acc[i]);
     }
   }
 }

@@ -36,6 +36,9 @@ struct Mma<__nv_bfloat16> {
     const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
     return pack(f.x * lo, f.y * hi);
   }
+  __device__ __forceinline__ static float2 unpack(uint32_t x) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x));
+  }
 };
 
 template <>
@@ -54,6 +57,9 @@ struct Mma<__half> {
   __device__ __forceinline__ static uint32_t scale_pair(uint32_t x, float lo, float hi) {
     const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&x));
     return pack(f.x * lo, f.y * hi);
+  }
+  __device__ __forceinline__ static float2 unpack(uint32_t x) {
+    return __half22float2(*reinterpret_cast<const __half2*>(&x));
   }
 };
 
