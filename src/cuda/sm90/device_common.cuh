@@ -27,12 +27,13 @@ __device__ __forceinline__ uint32_t load_raw(const void* p, flashqla_dtype_t dty
   return static_cast<const uint16_t*>(p)[i];
 }
 
+// Every reading computed and one selected: straight-line code (a switch here
+// put a branch region around each gate of the fused kernel's producer).
 __device__ __forceinline__ float raw_to_float(uint32_t bits, flashqla_dtype_t dtype) {
-  switch (dtype) {
-    case FLASHQLA_DTYPE_BFLOAT16: return __uint_as_float(bits << 16);
-    case FLASHQLA_DTYPE_FLOAT16: return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-    default: return __uint_as_float(bits);
-  }
+  const float as_bf16 = __uint_as_float(bits << 16);
+  const float as_f16 = __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+  const float as_f32 = __uint_as_float(bits);
+  return dtype == FLASHQLA_DTYPE_BFLOAT16 ? as_bf16 : dtype == FLASHQLA_DTYPE_FLOAT16 ? as_f16 : as_f32;
 }
 
 __device__ __forceinline__ void store_float(void* p, flashqla_dtype_t dtype, int64_t i, float x) {
@@ -67,9 +68,8 @@ __device__ __forceinline__ SequenceRange sequence_range(const void* cu_seqlens, 
 }
 
 __device__ __forceinline__ float activate_beta(float b, int activation) {
-  if (activation == FLASHQLA_BETA_IDENTITY) return b;
-  const float s = 1.f / (1.f + __expf(-b));
-  return activation == FLASHQLA_BETA_SIGMOID_X2 ? 2.f * s : s;
+  const float s = __fdividef(1.f, 1.f + __expf(-b));  // computed either way: no branch
+  return activation == FLASHQLA_BETA_IDENTITY ? b : activation == FLASHQLA_BETA_SIGMOID_X2 ? 2.f * s : s;
 }
 
 // Offset of state element (key x, value c) of sequence n, value head hv, in a
