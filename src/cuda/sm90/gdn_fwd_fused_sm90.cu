@@ -44,6 +44,15 @@ __device__ __forceinline__ void named_sync(int id, int threads) {
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+// The lane index read again where it is used (volatile: not merged with the
+// kernel's first read), so that ptxas recomputes lane-derived indices instead
+// of keeping them live, or spilled, across a loop at its register limit.
+__device__ __forceinline__ int lane_again() {
+  int l;
+  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(l));
+  return l;
+}
+
 template <int kRegisters>
 __device__ __forceinline__ void set_max_registers() {
   if constexpr (kRegisters > 168) {
@@ -53,8 +62,8 @@ __device__ __forceinline__ void set_max_registers() {
   }
 }
 
-// Shared memory (bytes). Three stages of k (the producer loads chunk c + 1's
-// while it works on c and the state warpgroups on c − 1), two of q, v, P, Tβ
+// Shared memory (bytes). Three stages of q and k (the producer loads chunk
+// c + 1's while it works on c and the state warpgroups on c − 1), two of v, P, Tβ
 // and the gates (the chunk the producer hands over and the one the state
 // warpgroups run); one of everything else. Every 16-bit tile is a core-matrix
 // tile (ldmatrix reads it without bank conflicts, wgmma through a descriptor).
@@ -69,7 +78,7 @@ constexpr int kTile16 = kChunk * kDim * 2;   // [64][128]
 constexpr int kTile64 = kChunk * kChunk * 2;  // [64][64]
 constexpr int kTileF = kChunk * kLdF * 4;    // fp32 [64][68]
 constexpr int kOffQ = 0;
-constexpr int kOffK = kOffQ + 2 * kTile16;
+constexpr int kOffK = kOffQ + kKStages * kTile16;
 constexpr int kOffV = kOffK + kKStages * kTile16;
 constexpr int kLdO = kDim + 8;  // row stride of the output tile (conflict-free transposed writes)
 constexpr int kOffO = kOffV + 2 * kTile16;
@@ -77,7 +86,7 @@ constexpr int kOffP = kOffO + 2 * kChunk * kLdO * 2;
 constexpr int kOffTb = kOffP + 2 * kTile64;
 constexpr int kOffT = kOffTb + 2 * kTile64;
 constexpr int kOffGate = kOffT + kTileF;
-constexpr int kGateFloats = 7 * kChunk;  // γ, e^γ, e^{γ_C − γ} two stages each, β one
+constexpr int kGateFloats = (3 * kKStages + 2) * kChunk;  // γ, e^γ, e^{γ_C − γ} as q/k, β two stages
 // The item's final-state target, whether it writes O and O's first row, parked
 // here by the state warpgroups for the chunk loop (registers fewer at its peak).
 constexpr int kOffFinal = kOffGate + kGateFloats * 4;
@@ -158,10 +167,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Per-token gate vectors of a chunk, written by the producer's warp 0: γ (the
   // in-chunk cumsum of g), e^γ and e^{γ_C − γ} (γ_C: the chunk's last γ), two
   // stages each for the state warpgroups; β, one stage, for the producer only.
-  float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);  // [2][64]
-  float* const sm_exp_gamma = sm_gamma + 2 * kChunk;                  // [2][64]
-  float* const sm_decay = sm_exp_gamma + 2 * kChunk;                  // [2][64]
-  float* const sm_beta = sm_decay + 2 * kChunk;                       // [64]
+  float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);  // [3][64], stage c % 3
+  float* const sm_exp_gamma = sm_gamma + kKStages * kChunk;           // [3][64]
+  float* const sm_decay = sm_exp_gamma + kKStages * kChunk;           // [3][64]
+  float* const sm_beta = sm_decay + kKStages * kChunk;                // [2][64], stage c % 2
 
   // The warp index through a shuffle: ptxas then knows it is warp-uniform, and
   // branches on it do not serialize the wgmma pipeline (C7520).
@@ -181,11 +190,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // q, k and v tiles land from TMA column block outermost.
   auto stage_tile = [&](T* tiles, int stage) { return mma::ColumnBlockTile<T, kChunk>{tiles + stage * kChunk * kDim}; };
   auto k_tile = [&](int64_t c) { return stage_tile(sm_k, int(c % kKStages)); };
+  auto q_tile = [&](int64_t c) { return stage_tile(sm_q, int(c % kKStages)); };
   auto chunk_rows = [&](int64_t c) { return int(min64(kChunk, int64_t(eos - bos) - c * kChunk)); };
 
   // The loads' completion: one barrier a k stage, one a q/v stage.
-  uint64_t* const bar_k = reinterpret_cast<uint64_t*>(smem + kOffBar);
-  uint64_t* const bar_qv = bar_k + kKStages;
+  uint64_t* const bar_k = reinterpret_cast<uint64_t*>(smem + kOffBar);  // q and k of a stage
+  uint64_t* const bar_qv = bar_k + kKStages;                               // v of a stage
   if (tid == 0) {
     for (int i = 0; i < kKStages + 2; ++i) tma::barrier_init(bar_k + i, 1);
     tma::fence_barrier_init();
@@ -204,21 +214,20 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
     // One thread issues the loads (TMA: the whole tile in one instruction,
     // nothing in the load unit's queues), every producer thread waits for them
-    // on the stage's barrier. Chunk c's k stage is c % 3 (its (c / 3)-th use),
-    // its q/v stage c % 2 (its (c / 2)-th use).
+    // on the stage's barrier. Chunk c's q and k stage is c % 3 (its (c / 3)-th
+    // use), its v stage c % 2 (its (c / 2)-th use).
     const bool loader = tid == kStateThreads;
     const int head_qk = int(h), head_v = int(hv), brow = int(row);
-    auto load_k = [&](int64_t c) {
+    auto load_qk = [&](int64_t c) {
       uint64_t* const bar = bar_k + c % kKStages;
-      tma::arrive_expect_bytes(bar, kTile16);
+      tma::arrive_expect_bytes(bar, 2 * kTile16);
       tma::load_token_tile(k_tile(c).base, &maps.k, bar, int(bos + c * kChunk), head_qk, brow);
+      tma::load_token_tile(q_tile(c).base, &maps.q, bar, int(bos + c * kChunk), head_qk, brow);
     };
-    auto load_qv = [&](int64_t c, int stage) {
+    auto load_v = [&](int64_t c, int stage) {  // only where item.read_v
       uint64_t* const bar = bar_qv + stage;
-      tma::arrive_expect_bytes(bar, item.read_v ? 2 * kTile16 : kTile16);
-      tma::load_token_tile(stage_tile(sm_q, stage).base, &maps.q, bar, int(bos + c * kChunk), head_qk, brow);
-      if (item.read_v)
-        tma::load_token_tile(stage_tile(sm_v, stage).base, &maps.v, bar, int(bos + c * kChunk), head_v, brow);
+      tma::arrive_expect_bytes(bar, kTile16);
+      tma::load_token_tile(stage_tile(sm_v, stage).base, &maps.v, bar, int(bos + c * kChunk), head_v, brow);
     };
     // Rows of a landed tile (warp: row blocks w and w + 4; lane: row lane % 8,
     // 16-byte segments lane / 8 + 4 s of it, conflict-free): rows >= L zeroed
@@ -273,8 +282,44 @@ __global__ void __launch_bounds__(kThreads, 1)
         br[j] = load_raw(a.beta, a.beta_dtype, row * a.beta_sb + t * a.beta_st + hv);
       }
     };
+    // The gate vectors of chunk cc (one warp: γ = inclusive in-chunk cumsum of
+    // g, e^γ, e^{γ_C − γ}, β; rows >= L: g = 0, β = 0) from the raw bits loaded
+    // before; then chunk cc + 1's loads. Warp 2 runs it for chunk c + 1 while
+    // warps 0 and 1 invert chunk c's diagonal blocks.
     uint32_t g_next[2] = {}, b_next[2] = {};
-    if (pwarp == 0 && n_chunks > 0) load_gates(0, g_next, b_next);
+    auto compute_gates = [&](int64_t cc) {
+      const int Lc = chunk_rows(cc);
+      float gr[2], br[2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const bool in = 2 * lane + j < Lc;
+        gr[j] = in ? raw_to_float(g_next[j], a.g_dtype) : 0.f;
+        br[j] = in ? activate_beta(raw_to_float(b_next[j], a.beta_dtype), a.beta_activation) : 0.f;
+      }
+      if (cc + 1 < n_chunks) load_gates(cc + 1, g_next, b_next);
+      const float pair = gr[0] + gr[1];
+      float incl = pair;
+#pragma unroll
+      for (int off = 1; off < 32; off *= 2) {
+        const float y = __shfl_up_sync(0xffffffffu, incl, off);
+        if (lane >= off) incl += y;
+      }
+      const float g0 = incl - pair + gr[0], g1 = incl;
+      const float g_last = __shfl_sync(0xffffffffu, incl, 31);  // rows >= L add g = 0
+      const int gs = int(cc % kKStages) * kChunk, bs = int(cc & 1) * kChunk;
+      sm_gamma[gs + 2 * lane] = g0;
+      sm_gamma[gs + 2 * lane + 1] = g1;
+      sm_exp_gamma[gs + 2 * lane] = __expf(g0);
+      sm_exp_gamma[gs + 2 * lane + 1] = __expf(g1);
+      sm_decay[gs + 2 * lane] = __expf(g_last - g0);
+      sm_decay[gs + 2 * lane + 1] = __expf(g_last - g1);
+      sm_beta[bs + 2 * lane] = br[0];
+      sm_beta[bs + 2 * lane + 1] = br[1];
+    };
+    if (pwarp == 2 && n_chunks > 0) {  // chunk 0's before the loop (its first barrier orders them)
+      load_gates(0, g_next, b_next);
+      compute_gates(0);
+    }
     if (!item.read_v) {  // v = 0 (a piece's transition): both v stages zeroed once, never loaded
       for (int i = tid - kStateThreads; i < 2 * kTile16 / 16; i += kProducerThreads)
         reinterpret_cast<uint4*>(sm_v)[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -284,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::prefetch_map(&maps.q);
       tma::prefetch_map(&maps.k);
       tma::prefetch_map(&maps.v);
-      load_k(0);
+      load_qk(0);
     }
     FUSED_PROFILE_BEGIN();
     for (int64_t c = 0; c < n_chunks + 2; ++c) {
@@ -297,69 +342,49 @@ __global__ void __launch_bounds__(kThreads, 1)
         named_arrive(kBarChunkReady + stage, kThreads);
         continue;
       }
-      // Q(c) and V(c) into the stage chunk c − 2 released, K(c + 1) into chunk
-      // c − 2's k stage (released by the same barrier).
+      // V(c) into the stage chunk c − 2 released, Q(c + 1) and K(c + 1) into
+      // chunk c − 2's q/k stage (released by the same barrier).
       if (loader) {
         wgmma::fence_shared_for_async();  // generic accesses of the stage before TMA's writes
-        load_qv(c, stage);
-        if (c + 1 < n_chunks && c + 1 < kLoadedChunks) load_k(c + 1);
+        if (item.read_v) load_v(c, stage);
+        if (c + 1 < n_chunks && c + 1 < kLoadedChunks) load_qk(c + 1);
       }
       const int L = chunk_rows(c);
-      const auto qs = stage_tile(sm_q, stage), ks = k_tile(c), vs = stage_tile(sm_v, stage);
-      float* const gam = sm_gamma + stage * kChunk;
-      float* const bet = sm_beta;
+      const auto qs = q_tile(c), ks = k_tile(c), vs = stage_tile(sm_v, stage);
+      float* const gam = sm_gamma + int(c % kKStages) * kChunk;
+      float* const bet = sm_beta + stage * kChunk;
       FUSED_PHASE(3);
-      if (pwarp == 0) {  // γ = inclusive in-chunk cumsum of g; rows >= L: g = 0, beta = 0
-        float gr[2], br[2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const bool in = 2 * lane + j < L;
-          gr[j] = in ? raw_to_float(g_next[j], a.g_dtype) : 0.f;
-          br[j] = in ? activate_beta(raw_to_float(b_next[j], a.beta_dtype), a.beta_activation) : 0.f;
-        }
-        if (c + 1 < n_chunks) load_gates(c + 1, g_next, b_next);
-        const float pair = gr[0] + gr[1];
-        float incl = pair;
-#pragma unroll
-        for (int off = 1; off < 32; off *= 2) {
-          const float y = __shfl_up_sync(0xffffffffu, incl, off);
-          if (lane >= off) incl += y;
-        }
-        const float g0 = incl - pair + gr[0], g1 = incl;
-        const float g_last = __shfl_sync(0xffffffffu, incl, 31);  // rows >= L add g = 0
-        gam[2 * lane] = g0;
-        gam[2 * lane + 1] = g1;
-        float* const eg = sm_exp_gamma + stage * kChunk;
-        float* const dc = sm_decay + stage * kChunk;
-        eg[2 * lane] = __expf(g0);
-        eg[2 * lane + 1] = __expf(g1);
-        dc[2 * lane] = __expf(g_last - g0);
-        dc[2 * lane + 1] = __expf(g_last - g1);
-        bet[2 * lane] = br[0];
-        bet[2 * lane + 1] = br[1];
-      }
       FUSED_PHASE(14);
-      tma::wait(bar_k + c % kKStages, uint32_t(c / kKStages) & 1u);
+      tma::wait(bar_k + c % kKStages, uint32_t(c / kKStages) & 1u);  // Q(c), K(c)
       if (L < kChunk || a.use_qk_l2norm) {
         prepare_rows(ks, L, a.use_qk_l2norm);
-        wgmma::fence_shared_for_async();  // K is a wgmma operand
+        prepare_rows(qs, L, a.use_qk_l2norm);
+        wgmma::fence_shared_for_async();  // Q and K are wgmma operands
       }
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(9);
 
-      // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32 (wgmma m64n64, both operands K-major).
+      // One batch: A = β (K Kᵀ ⊙ Γ), strictly lower, fp32, and P = Q Kᵀ ⊙ Γ,
+      // lower with the diagonal (wgmma m64n64, both operands K-major); one
+      // epilogue for both (T's tile and the handover stage).
       float* const tt = sm_t;
       {
-        float acc[kChunk / 2];
+        float acc[kChunk / 2], acc_p[kChunk / 2];
 #pragma unroll
-        for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
+        for (int i = 0; i < kChunk / 2; ++i) acc[i] = acc_p[i] = 0.f;
+        wgmma::fence_operands(acc_p);
         wgmma::fence(acc);
 #pragma unroll
         for (int k = 0; k < kDim / 16; ++k)
           wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(ks, 16 * k), wgmma::kmajor_desc(ks, 16 * k),
                                                          acc);
+#pragma unroll
+        for (int k = 0; k < kDim / 16; ++k)
+          wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(qs, 16 * k), wgmma::kmajor_desc(ks, 16 * k),
+                                                         acc_p);
         wgmma::commit();
         // The gates of this thread's rows and columns, read while the wgmmas run.
+        const int g = lane_again() >> 2, t4 = lane_again() & 3;
         float2 g_col[kChunk / 8];
 #pragma unroll
         for (int j = 0; j < kChunk / 8; ++j) g_col[j] = *reinterpret_cast<const float2*>(gam + 8 * j + 2 * t4);
@@ -367,16 +392,23 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float b_row[2] = {bet[16 * pwarp + g], bet[16 * pwarp + g + 8]};
         wgmma::wait<0>();
         wgmma::fence_operands(acc);
+        wgmma::fence_operands(acc_p);
+        // One exponential an element for both: e^{γ_i − γ_j}, 0 above the
+        // diagonal (P keeps the diagonal, A does not).
+        const CoreTile<T, kChunk> pt = p_tile(stage);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = 16 * pwarp + g + 8 * half;
 #pragma unroll
           for (int j = 0; j < kChunk / 8; ++j) {
             const int col = 8 * j + 2 * t4;
-            // β_i e^{γ_i − γ_j}, 0 on and above the diagonal.
-            const float x[2] = {acc[4 * j + 2 * half] * b_row[half] * masked_exp(col < i, g_row[half] - g_col[j].x),
-                                acc[4 * j + 2 * half + 1] * b_row[half] *
-                                    masked_exp(col + 1 < i, g_row[half] - g_col[j].y)};
+            const float e0 = masked_exp(col <= i, g_row[half] - g_col[j].x);
+            const float e1 = masked_exp(col + 1 <= i, g_row[half] - g_col[j].y);
+            *reinterpret_cast<uint32_t*>(pt.at(i, col)) =
+                M::pack(acc_p[4 * j + 2 * half] * e0, acc_p[4 * j + 2 * half + 1] * e1);
+            // A: β_i e^{γ_i − γ_j}, 0 on and above the diagonal.
+            const float x[2] = {col < i ? acc[4 * j + 2 * half] * b_row[half] * e0 : 0.f,
+                                col + 1 < i ? acc[4 * j + 2 * half + 1] * b_row[half] * e1 : 0.f};
             // The two 32x32 diagonal blocks into T's (inverted there in place),
             // transposed as the substitution reads them (conflict-free); the
             // block below, A_10, into T's unused block above the diagonal
@@ -398,6 +430,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       // column of A: once x_m is final it updates every later row at once, so
       // the dependent chain is 31 FMAs deep, and A's column m (stored transposed
       // by the epilogue above: row m of the block) comes in as broadcast float4s...
+      if (pwarp == 2 && c + 1 < n_chunks) compute_gates(c + 1);
       if (pwarp < 2) {
         const int b0 = 32 * pwarp;
         const float* const a_cols = tt + b0 * kLdF + b0;  // a_cols[m kLdF + r] = A[b0 + r][b0 + m]
@@ -448,47 +481,27 @@ __global__ void __launch_bounds__(kThreads, 1)
         mma::store_c_16x16(tt + (32 + 16 * qi) * kLdF + 16 * qj, kLdF, t, -1.f, lane);
       }
       FUSED_PHASE(12);
-      tma::wait(bar_qv + stage, uint32_t(c >> 1) & 1u);  // Q(c) and V(c)
-      if (L < kChunk || a.use_qk_l2norm) {
-        prepare_rows(qs, L, a.use_qk_l2norm);
-        if (L < kChunk && item.read_v) prepare_rows(vs, L, false);
-        wgmma::fence_shared_for_async();  // Q and V are wgmma operands
+      if (item.read_v) {
+        tma::wait(bar_qv + stage, uint32_t(c >> 1) & 1u);  // V(c)
+        if (L < kChunk) {
+          prepare_rows(vs, L, false);
+          wgmma::fence_shared_for_async();  // V is a wgmma operand
+        }
       }
-      named_sync(kBarProducer, kProducerThreads);  // T complete, Q prepared
+      named_sync(kBarProducer, kProducerThreads);  // T complete
       FUSED_PHASE(13);
 
-      // P = Q Kᵀ ⊙ Γ, lower with the diagonal (wgmma m64n64, both K-major), and
-      // Tβ = T diag(β) in 16 bits, B operands of the state warpgroups' GEMMs.
+      // Tβ = T diag(β) in 16 bits, a B operand of the state warpgroups' GEMMs
+      // (T's blocks above the diagonal hold M or are zero: zero there).
       {
-        float acc[kChunk / 2];
-#pragma unroll
-        for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
-        wgmma::fence(acc);
-#pragma unroll
-        for (int k = 0; k < kDim / 16; ++k)
-          wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(qs, 16 * k), wgmma::kmajor_desc(ks, 16 * k),
-                                                         acc);
-        wgmma::commit();
-        // The gates of this thread's rows and columns, read while the wgmmas run
-        // (the exponentials after the wait: 18 registers instead of 32 factors).
-        float2 g_col[kChunk / 8];
-#pragma unroll
-        for (int j = 0; j < kChunk / 8; ++j) g_col[j] = *reinterpret_cast<const float2*>(gam + 8 * j + 2 * t4);
-        const float g_row[2] = {gam[16 * pwarp + g], gam[16 * pwarp + g + 8]};
-        wgmma::wait<0>();
-        wgmma::fence_operands(acc);
-        // P's epilogue, and Tβ's element pairs at the same places (T's blocks
-        // above the diagonal hold M or are zero: zero there).
-        const CoreTile<T, kChunk> pt = p_tile(stage), tb = tb_tile(stage);
+        const int g = lane_again() >> 2, t4 = lane_again() & 3;
+        const CoreTile<T, kChunk> tb = tb_tile(stage);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = 16 * pwarp + g + 8 * half;
 #pragma unroll
           for (int j = 0; j < kChunk / 8; ++j) {
             const int col = 8 * j + 2 * t4;
-            const float x0 = acc[4 * j + 2 * half] * masked_exp(col <= i, g_row[half] - g_col[j].x);
-            const float x1 = acc[4 * j + 2 * half + 1] * masked_exp(col + 1 <= i, g_row[half] - g_col[j].y);
-            *reinterpret_cast<uint32_t*>(pt.at(i, col)) = M::pack(x0, x1);
             const float2 t = *reinterpret_cast<const float2*>(tt + i * kLdF + col);
             const float2 b = *reinterpret_cast<const float2*>(bet + col);
             *reinterpret_cast<uint32_t*>(tb.at(i, col)) = j / 2 <= pwarp ? M::pack(t.x * b.x, t.y * b.y) : 0u;
@@ -516,9 +529,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wr = warp & 3;
   const int v0 = 64 * (warp >> 2);  // the warpgroup's first value
   StateTarget* const sm_final = reinterpret_cast<StateTarget*>(smem + kOffFinal);
-  int* const sm_write_o = reinterpret_cast<int*>(smem + kOffFinal + 40);
+  // Read back in the loop through volatile pointers: as plain loads of values
+  // the loop does not write, they would be hoisted out of it into registers.
+  volatile int* const sm_write_o = reinterpret_cast<int*>(smem + kOffFinal + 40);
   static_assert(sizeof(StateTarget) <= 40, "the final-state target fits its slot");
-  T** const sm_o_rows = reinterpret_cast<T**>(smem + kOffFinal + 48);
+  T* volatile* const sm_o_rows = reinterpret_cast<T**>(smem + kOffFinal + 48);
   if (tid == 0) {
     *sm_final = item.final_state;
     *sm_write_o = item.write_o;
@@ -557,9 +572,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     named_arrive(kBarStageFree + stage, kThreads);
     continue;
 #endif
-    const auto qs = stage_tile(sm_q, stage), ks = k_tile(c), vs = stage_tile(sm_v, stage);
-    const float* const exp_gam = sm_exp_gamma + stage * kChunk;  // e^γ
-    const float* const decay = sm_decay + stage * kChunk;         // e^{γ_C − γ}
+    const int qk_stage = c % kKStages;
+    const auto qs = stage_tile(sm_q, qk_stage), ks = stage_tile(sm_k, qk_stage), vs = stage_tile(sm_v, stage);
+    const float* const exp_gam = sm_exp_gamma + qk_stage * kChunk;  // e^γ
+    const float* const decay = sm_decay + qk_stage * kChunk;         // e^{γ_C − γ}
     const CoreTile<T, kChunk> tb = tb_tile(stage), pt = p_tile(stage);
 
     // --- 1. Oᵀ = Sᵀ Qᵀ and (K S)ᵀ = Sᵀ Kᵀ (m64n64k128, A = Sᵀ in 16 bits, B =
@@ -569,20 +585,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint32_t vf[kChunk / 16][4];
 #pragma unroll
     for (int i = 0; i < kChunk / 2; ++i) o_acc[i] = ks_acc[i] = 0.f;
-    // Two batches of half the keys each, the second's fragments made once the
-    // first finished (16 registers of fragments at the peak instead of 32; the
-    // other warpgroup's wgmmas fill the gap).
+    // Batches of kKeyBlocks keys blocks each, a batch's fragments made once the
+    // previous one finished (fewer registers of fragments at the peak; the
+    // other warpgroup's wgmmas fill the gaps).
+    constexpr int kKeyBlocks = 4;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      uint32_t sf[kDim / 32][4];
+    for (int half = 0; half < kDim / 16 / kKeyBlocks; ++half) {
+      uint32_t sf[kKeyBlocks][4];
 #pragma unroll
-      for (int kb = 0; kb < kDim / 32; ++kb) a_fragment(s_acc + 8 * (4 * half + kb), 1.f, 1.f, 1.f, 1.f, sf[kb]);
+      for (int kb = 0; kb < kKeyBlocks; ++kb) a_fragment(s_acc + 8 * (kKeyBlocks * half + kb), 1.f, 1.f, 1.f, 1.f, sf[kb]);
       wgmma::fence_operands(ks_acc);
       wgmma::fence(o_acc);
 #pragma unroll
-      for (int kb = 0; kb < kDim / 32; ++kb) {
-        wgmma::mma<T, kChunk>(sf[kb], wgmma::kmajor_desc(ks, 16 * (4 * half + kb)), ks_acc);
-        wgmma::mma<T, kChunk>(sf[kb], wgmma::kmajor_desc(qs, 16 * (4 * half + kb)), o_acc);
+      for (int kb = 0; kb < kKeyBlocks; ++kb) {
+        wgmma::mma<T, kChunk>(sf[kb], wgmma::kmajor_desc(ks, 16 * (kKeyBlocks * half + kb)), ks_acc);
+        wgmma::mma<T, kChunk>(sf[kb], wgmma::kmajor_desc(qs, 16 * (kKeyBlocks * half + kb)), o_acc);
       }
       wgmma::commit();
       if (half == 0) FUSED_PHASE(1);
@@ -595,8 +612,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     FUSED_PHASE(2);
     asm volatile("" ::: "memory");  // the next step's shared-memory loads stay in it
 
-    // --- 2. V'ᵀ = Vᵀ − (K S)ᵀ diag(e^γ) in 16 bits, then V_newᵀ = V'ᵀ (Tβ)ᵀ
-    // (m64n64k64, B = Tβ K-major).
+    // --- 2. V'ᵀ = Vᵀ − (K S)ᵀ diag(e^γ) in 16 bits and Oᵀ diag(e^γ), then
+    // V_newᵀ = V'ᵀ (Tβ)ᵀ (m64n64k64, B = Tβ K-major).
     float nv_acc[kChunk / 2];
     {
 #pragma unroll
@@ -605,11 +622,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float2 e0 = *reinterpret_cast<const float2*>(exp_gam + c0);
         const float2 e8 = *reinterpret_cast<const float2*>(exp_gam + c0 + 8);
         const float* d = ks_acc + 8 * kb;
+        float* o = o_acc + 8 * kb;  // Oᵀ diag(e^γ), with the same factors
         const float sc[8] = {e0.x, e0.y, e0.x, e0.y, e8.x, e8.y, e8.x, e8.y};
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const float2 v = M::unpack(vf[kb][q]);
           vf[kb][q] = M::pack(v.x - d[2 * q] * sc[2 * q], v.y - d[2 * q + 1] * sc[2 * q + 1]);
+          o[2 * q] *= sc[2 * q], o[2 * q + 1] *= sc[2 * q + 1];
         }
       }
 #pragma unroll
@@ -622,22 +641,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     FUSED_PHASE(4);
     asm volatile("" ::: "memory");  // the next step's shared-memory loads stay in it
 
-    // --- 3. One batch: Oᵀ = Oᵀ diag(e^γ) + V_newᵀ Pᵀ (B = P K-major) and
+    // --- 3. One batch: Oᵀ += V_newᵀ Pᵀ (B = P K-major) and
     // Sᵀ = e^{γ_C} Sᵀ + (V_newᵀ diag(e^{γ_C − γ})) K (B = K MN-major).
     {
       uint32_t nf[kChunk / 16][4], nd[kChunk / 16][4];
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
         const int c0 = 16 * kb + 2 * t4;
-        const float2 e0 = *reinterpret_cast<const float2*>(exp_gam + c0);
-        const float2 e8 = *reinterpret_cast<const float2*>(exp_gam + c0 + 8);
         const float2 d0 = *reinterpret_cast<const float2*>(decay + c0);
         const float2 d8 = *reinterpret_cast<const float2*>(decay + c0 + 8);
         a_fragment(nv_acc + 8 * kb, 1.f, 1.f, 1.f, 1.f, nf[kb]);
         a_fragment(nv_acc + 8 * kb, d0.x, d0.y, d8.x, d8.y, nd[kb]);
-        float* o = o_acc + 8 * kb;
-        o[0] *= e0.x, o[1] *= e0.y, o[2] *= e0.x, o[3] *= e0.y;
-        o[4] *= e8.x, o[5] *= e8.y, o[6] *= e8.x, o[7] *= e8.y;
       }
       const float e_last = exp_gam[kChunk - 1];
 #pragma unroll
@@ -663,6 +677,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // stages: chunk c + 2 writes this one after every thread of the warpgroup
     // passed chunk c + 1's barrier, i.e. finished reading it.
     if (*sm_write_o) {
+      const int g = lane_again() >> 2, t4 = lane_again() & 3, lane = lane_again();
       T* const ot = sm_o + stage * kChunk * kLdO;
 #pragma unroll
       for (int j = 0; j < kChunk / 8; ++j) {
