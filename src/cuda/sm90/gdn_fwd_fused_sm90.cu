@@ -164,9 +164,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto p_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffP + stage * kTile64)}; };
   auto tb_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffTb + stage * kTile64)}; };
   float* const sm_t = reinterpret_cast<float*>(smem + kOffT);  // T, [64][kLdF] (producer)
-  // Per-token gate vectors of a chunk, written by the producer's warp 0: γ (the
-  // in-chunk cumsum of g), e^γ and e^{γ_C − γ} (γ_C: the chunk's last γ), two
-  // stages each for the state warpgroups; β, one stage, for the producer only.
+  // Per-token gate vectors of a chunk, written by the producer's warp 2: γ (the
+  // in-chunk cumsum of g), e^γ and e^{γ_C − γ} (γ_C: the chunk's last γ), three
+  // stages each (the state warpgroups read e^γ and e^{γ_C − γ}); β, two stages,
+  // for the producer only.
   float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);  // [3][64], stage c % 3
   float* const sm_exp_gamma = sm_gamma + kKStages * kChunk;           // [3][64]
   float* const sm_decay = sm_exp_gamma + kKStages * kChunk;           // [3][64]
