@@ -4,8 +4,9 @@
 # scripts/export_versions.sh into versions/, plain and with the phase profile,
 # and runs them one after the other: per-chunk latency, phase cycles and the
 # relative difference to the simple kernel (and the producer warpgroup alone),
-# for kernel versions side by side in one call. A triage tool: the GPU suite (gpu_iterate.sh, gpu_check.sh) is what
-# shows a version correct. Needs third_party/ (CUTLASS) and versions/, carried.
+# for kernel versions side by side in one call. A triage tool: the GPU suite
+# (gpu_iterate.sh, gpu_check.sh) is what shows a version correct. Needs
+# third_party/ (CUTLASS) and versions/, carried.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/flashqla-compare}"
