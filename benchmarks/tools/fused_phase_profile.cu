@@ -71,7 +71,7 @@ void run(int64_t B, int64_t T, int64_t H, int64_t HV) {
   static const char* const names[kProfileSlots - 1] = {
       "wait ready", "KS, QS first keys", "KS, QS other keys, V", "loads issued", "V', V_new", "O, S update",
       "O store", "(unused)", "wait free", "Q, K landed, rows prepared", "A, P", "diagonal inverse", "off-diagonal",
-      "V landed", "gates", "T beta, ready"};
+      "V landed", "gates", "ready"};
   // Slot order in time: the state warpgroups', then the producer's.
   static const int order[kProfileSlots - 1] = {0, 1, 2, 4, 5, 6, 7, 8, 3, 14, 9, 10, 11, 12, 13, 15};
   std::printf("  cycles per chunk (CTA 0, %lld chunks), state:", n);

@@ -321,6 +321,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_gates(0, g_next, b_next);
       compute_gates(0);
     }
+    // Tβ's two stages zeroed once: its block above the diagonal stays zero (the
+    // inverse writes the rest every chunk).
+    for (int i = tid - kStateThreads; i < 2 * kTile64 / 16; i += kProducerThreads)
+      reinterpret_cast<uint4*>(smem + kOffTb)[i] = make_uint4(0u, 0u, 0u, 0u);
+    wgmma::fence_shared_for_async();
     if (!item.read_v) {  // v = 0 (a piece's transition): both v stages zeroed once, never loaded
       for (int i = tid - kStateThreads; i < 2 * kTile16 / 16; i += kProducerThreads)
         reinterpret_cast<uint4*>(sm_v)[i] = make_uint4(0u, 0u, 0u, 0u);
@@ -457,8 +462,15 @@ __global__ void __launch_bounds__(kThreads, 1)
           if (m % 4 == 3) asm volatile("" ::: "memory");
         }
         __syncwarp();  // every lane has read the block
+        // T's block in fp32 (the tf32 levels below read it) and Tβ's in 16 bits
+        // (β of this lane's column), the latter the state's operand directly.
+        const float b_col = bet[b0 + lane];
+        const CoreTile<T, kChunk> tb = tb_tile(stage);
 #pragma unroll
-        for (int r = 0; r < 32; ++r) tt[(b0 + r) * kLdF + b0 + lane] = x[r];
+        for (int r = 0; r < 32; ++r) {
+          tt[(b0 + r) * kLdF + b0 + lane] = x[r];
+          *tb.at(b0 + r, b0 + lane) = T(x[r] * b_col);
+        }
       }
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(11);
@@ -479,7 +491,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         float t[2][4] = {};
         for (int kk = qj; kk < 2; ++kk)
           mma::mma_tf32_16x16x16(t, tt + 16 * qi * kLdF + 32 + 16 * kk, kLdF, tt + 16 * kk * kLdF + 16 * qj, kLdF, lane);
-        mma::store_c_16x16(tt + (32 + 16 * qi) * kLdF + 16 * qj, kLdF, t, -1.f, lane);
+        // T_10 in 16 bits times β of its columns straight into Tβ (the fp32
+        // copy is not read again).
+        const int g = lane_again() >> 2, t4 = lane_again() & 3;
+        const CoreTile<T, kChunk> tb = tb_tile(stage);
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          const int col = 16 * qj + 8 * nt + 2 * t4, row = 32 + 16 * qi + g;
+          const float2 b = *reinterpret_cast<const float2*>(bet + col);
+          *reinterpret_cast<uint32_t*>(tb.at(row, col)) = M::pack(-t[nt][0] * b.x, -t[nt][1] * b.y);
+          *reinterpret_cast<uint32_t*>(tb.at(row + 8, col)) = M::pack(-t[nt][2] * b.x, -t[nt][3] * b.y);
+        }
       }
       FUSED_PHASE(12);
       if (item.read_v) {
@@ -489,26 +511,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           wgmma::fence_shared_for_async();  // V is a wgmma operand
         }
       }
-      named_sync(kBarProducer, kProducerThreads);  // T complete
       FUSED_PHASE(13);
 
-      // Tβ = T diag(β) in 16 bits, a B operand of the state warpgroups' GEMMs
-      // (T's blocks above the diagonal hold M or are zero: zero there).
-      {
-        const int g = lane_again() >> 2, t4 = lane_again() & 3;
-        const CoreTile<T, kChunk> tb = tb_tile(stage);
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = 16 * pwarp + g + 8 * half;
-#pragma unroll
-          for (int j = 0; j < kChunk / 8; ++j) {
-            const int col = 8 * j + 2 * t4;
-            const float2 t = *reinterpret_cast<const float2*>(tt + i * kLdF + col);
-            const float2 b = *reinterpret_cast<const float2*>(bet + col);
-            *reinterpret_cast<uint32_t*>(tb.at(i, col)) = j / 2 <= pwarp ? M::pack(t.x * b.x, t.y * b.y) : 0u;
-          }
-        }
-      }
       wgmma::fence_shared_for_async();  // P and Tβ are wgmma operands
       // The chunk is ready: its q, k, v, gates, P and Tβ.
       named_arrive(kBarChunkReady + stage, kThreads);
