@@ -459,7 +459,7 @@ __global__ void __launch_bounds__(kThreads, 1)
               if (4 * q + e > m) x[4 * q + e] -= col[e] * x[m];
           }
           // Loads hoisted more than a few steps ahead only cost registers.
-          if (m % 4 == 3) asm volatile("" ::: "memory");
+          if (m % 8 == 7) asm volatile("" ::: "memory");
         }
         __syncwarp();  // every lane has read the block
         // T's block in fp32 (the tf32 levels below read it) and Tβ's in 16 bits
