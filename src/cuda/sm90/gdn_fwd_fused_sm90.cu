@@ -431,51 +431,79 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(10);
 
-      // T = (I + A)⁻¹: the two 32x32 diagonal blocks by forward substitution
-      // (warps 0 and 1: warp = block, lane = column) in fp32, in place, column by
-      // column of A: once x_m is final it updates every later row at once, so
-      // the dependent chain is 31 FMAs deep, and A's column m (stored transposed
-      // by the epilogue above: row m of the block) comes in as broadcast float4s...
-      if (pwarp == 2 && c + 1 < n_chunks) compute_gates(c + 1);
-      if (pwarp < 2) {
-        const int b0 = 32 * pwarp;
+      // T = (I + A)⁻¹ in three levels. First the four 16x16 diagonal blocks by
+      // forward substitution (warp = block, lanes 0..15 = columns; lanes 16..31
+      // compute the same and do not write) in fp32, column by column of A: once
+      // x_m is final it updates every later row at once, so the dependent chain
+      // is 15 FMAs deep, and A's column m (stored transposed by the epilogue
+      // above: row m of the block) comes in as broadcast float4s.
+      {
+        const int b0 = 16 * pwarp, col = lane & 15;
         const float* const a_cols = tt + b0 * kLdF + b0;  // a_cols[m kLdF + r] = A[b0 + r][b0 + m]
         // The identity column, built here each chunk: as loop-invariant values
         // ptxas would keep them live across the chunk loop; the volatile move
         // pins them inside.
         float one;
         asm volatile("mov.b32 %0, 0x3f800000;\n" : "=f"(one));
-        float x[32];
+        float x[16];
 #pragma unroll
-        for (int r = 0; r < 32; ++r) x[r] = r == lane ? one : 0.f;
+        for (int r = 0; r < 16; ++r) x[r] = r == col ? one : 0.f;
 #pragma unroll
-        for (int m = 0; m < 31; ++m) {
+        for (int m = 0; m < 15; ++m) {
 #pragma unroll
-          for (int q = (m + 1) / 4; q < 8; ++q) {
+          for (int q = (m + 1) / 4; q < 4; ++q) {
             const float4 v = *reinterpret_cast<const float4*>(a_cols + m * kLdF + 4 * q);
-            const float col[4] = {v.x, v.y, v.z, v.w};
+            const float cv[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              if (4 * q + e > m) x[4 * q + e] -= col[e] * x[m];
+              if (4 * q + e > m) x[4 * q + e] -= cv[e] * x[m];
           }
-          // Loads hoisted more than a few steps ahead only cost registers.
-          if (m % 8 == 7) asm volatile("" ::: "memory");
         }
         __syncwarp();  // every lane has read the block
-        // T's block in fp32 (the tf32 levels below read it) and Tβ's in 16 bits
-        // (β of this lane's column), the latter the state's operand directly.
-        const float b_col = bet[b0 + lane];
+        // T's block in fp32 (the levels below read it) and Tβ's in 16 bits (β of
+        // this lane's column), the latter the state's operand directly.
+        if (lane < 16) {
+          const float b_col = bet[b0 + col];
+          const CoreTile<T, kChunk> tb = tb_tile(stage);
+#pragma unroll
+          for (int r = 0; r < 16; ++r) {
+            tt[(b0 + r) * kLdF + b0 + col] = x[r];
+            *tb.at(b0 + r, b0 + col) = T(x[r] * b_col);
+          }
+        }
+      }
+      named_sync(kBarProducer, kProducerThreads);
+      // Then, inside each 32x32 diagonal block (warp w < 2: the block at 32 w),
+      // its block below the diagonal, T_10 = −T_11 A_10 T_00 (16x16, tf32):
+      // A_10 read where the epilogue left it (transposed, in the block's unused
+      // upper-right quadrant), M = T_11 A_10 through the lower-left quadrant,
+      // then T_10 over it. Warp 2 meanwhile forms the next chunk's gates.
+      if (pwarp == 2 && c + 1 < n_chunks) compute_gates(c + 1);
+      if (pwarp < 2) {
+        const int b0 = 32 * pwarp;
+        float* const lower = tt + (b0 + 16) * kLdF + b0;  // the block's lower-left quadrant
+        float m16[2][4] = {};
+        mma::mma_tf32_16x16x16_bt(m16, tt + (b0 + 16) * kLdF + b0 + 16, kLdF, tt + b0 * kLdF + b0 + 16, kLdF, lane);
+        mma::store_c_16x16(lower, kLdF, m16, 1.f, lane);
+        __syncwarp();
+        float t16[2][4] = {};
+        mma::mma_tf32_16x16x16(t16, lower, kLdF, tt + b0 * kLdF + b0, kLdF, lane);
+        __syncwarp();  // every lane has read M
+        mma::store_c_16x16(lower, kLdF, t16, -1.f, lane);
+        const int g = lane_again() >> 2, t4 = lane_again() & 3;
         const CoreTile<T, kChunk> tb = tb_tile(stage);
 #pragma unroll
-        for (int r = 0; r < 32; ++r) {
-          tt[(b0 + r) * kLdF + b0 + lane] = x[r];
-          *tb.at(b0 + r, b0 + lane) = T(x[r] * b_col);
+        for (int nt = 0; nt < 2; ++nt) {
+          const int cc = b0 + 8 * nt + 2 * t4, row = b0 + 16 + g;
+          const float2 b = *reinterpret_cast<const float2*>(bet + cc);
+          *reinterpret_cast<uint32_t*>(tb.at(row, cc)) = M::pack(-t16[nt][0] * b.x, -t16[nt][1] * b.y);
+          *reinterpret_cast<uint32_t*>(tb.at(row + 8, cc)) = M::pack(-t16[nt][2] * b.x, -t16[nt][3] * b.y);
         }
       }
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(11);
-      // ...then the block below, T_10 = −T_11 A_10 T_00, in two tf32 levels of
-      // 16x16 quadrants (warp w: quadrant (w / 2, w % 2)); T_11 and T_00 are
+      // Last, the 32x32 block below the diagonal, T_10 = −T_11 A_10 T_00, in two
+      // tf32 levels of 16x16 quadrants (warp w: quadrant (w / 2, w % 2)); T_11 and T_00 are
       // lower triangular, so only their quadrants on and below the diagonal
       // enter. M = T_11 A_10 goes over A_10 once every warp has read it...
       {

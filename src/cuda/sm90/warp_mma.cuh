@@ -91,6 +91,28 @@ __device__ __forceinline__ void mma_tf32_16x16x16(float (&c)[2][4], const float*
   }
 }
 
+// The same with B given transposed: bt[n * ldbt + k] = B[k][n] (B's fragments
+// then read like A's rows).
+__device__ __forceinline__ void mma_tf32_16x16x16_bt(float (&c)[2][4], const float* a, int lda, const float* bt,
+                                                     int ldbt, int lane) {
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int k0 = 0; k0 < 16; k0 += 8) {
+    const uint32_t af[4] = {to_tf32(a[g * lda + k0 + t]), to_tf32(a[(g + 8) * lda + k0 + t]),
+                            to_tf32(a[g * lda + k0 + t + 4]), to_tf32(a[(g + 8) * lda + k0 + t + 4])};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float* const col = bt + (8 * nt + g) * ldbt + k0;
+      const uint32_t b0 = to_tf32(col[t]), b1 = to_tf32(col[t + 4]);
+      asm volatile(
+          "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+          "{%0,%1,%2,%3};\n"
+          : "+f"(c[nt][0]), "+f"(c[nt][1]), "+f"(c[nt][2]), "+f"(c[nt][3])
+          : "r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]), "r"(b0), "r"(b1));
+    }
+  }
+}
+
 // Stores a 16x16 fp32 C (as accumulated by mma_tf32_16x16x16), times `scale`,
 // to a row-major shared tile.
 __device__ __forceinline__ void store_c_16x16(float* dst, int ld, const float (&c)[2][4], float scale, int lane) {
