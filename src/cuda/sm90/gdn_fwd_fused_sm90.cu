@@ -143,7 +143,13 @@ __device__ long long fused_profile_cycles[kProfileSlots];
 // e^x where keep, else 0, without a branch: the exponent is selected (−∞
 // where masked), so masked entries never overflow and the epilogues over the
 // accumulators stay straight-line code.
-__device__ __forceinline__ float masked_exp(bool keep, float x) { return __expf(keep ? x : -INFINITY); }
+// ex2.approx with denormal results flushed to zero (no range fix-up around
+// the MUFU, as __expf has), e^{−∞} = 0.
+__device__ __forceinline__ float masked_exp(bool keep, float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"((keep ? x : -INFINITY) * 1.4426950408889634f));
+  return y;
+}
 
 // The tensor maps of q, k and v (tma_load.cuh), a kernel parameter.
 struct TokenMaps {
