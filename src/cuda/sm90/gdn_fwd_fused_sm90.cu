@@ -596,6 +596,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     f[3] = M::pack(d[6] * lo8, d[7] * hi8);
   };
 
+  // Rows < rows of chunk cc's output tile to o (a warp a row's 64 values of the
+  // warpgroup's, coalesced).
+  auto store_output_rows = [&](int cc, int rows) {
+    const int ln = lane_again();
+    const T* const ot = sm_o + (cc & 1) * kChunk * kLdO + v0 + 2 * ln;
+    T* const o_chunk = *sm_o_rows + int64_t(cc) * kChunk * a.o_st + v0 + 2 * ln;
+#pragma unroll 4
+    for (int i = wr; i < rows; i += 4)
+      *reinterpret_cast<uint32_t*>(o_chunk + i * a.o_st) = *reinterpret_cast<const uint32_t*>(ot + i * kLdO);
+  };
   // Loop-carried scalars kept few (the chunk loop's register peak is step 1):
   // the tokens left from chunk c on.
   const int nc = int(n_chunks);
@@ -702,7 +712,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(nf[kb], wgmma::kmajor_desc(pt, 16 * kb), o_acc);
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma_b_mn<T, kDim>(nd[kb], wgmma::mnmajor_desc(ks, 16 * kb), s_acc);
-      wgmma::commit_and_wait();
+      wgmma::commit();
+      if (c > 0 && *sm_write_o) store_output_rows(c - 1, kChunk);  // chunk c − 1 was whole
+      wgmma::wait<0>();
       wgmma::fence_operands(o_acc);
       wgmma::fence_operands(s_acc);
     }
@@ -710,13 +722,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     named_arrive(kBarStageFree + stage, kThreads);
     FUSED_PHASE(5);
 
-    // --- 4. O = scale Oᵀᵀ, rows < L: o_acc[4 j + e] (value v0 + 16 wr + g +
-    // 8 (e / 2), token 8 j + 2 t4 + e % 2) into the output tile, then out in
-    // rows (a warp a row's 64 values of the warpgroup's). The tile has two
-    // stages: chunk c + 2 writes this one after every thread of the warpgroup
-    // passed chunk c + 1's barrier, i.e. finished reading it.
+    // --- 4. O = scale Oᵀᵀ: o_acc[4 j + e] (value v0 + 16 wr + g + 8 (e / 2),
+    // token 8 j + 2 t4 + e % 2) into the output tile; its rows < L go out
+    // (store_output_rows) while the next chunk's last wgmmas run. The tile has
+    // two stages: chunk c + 2 writes this one after every thread of the
+    // warpgroup passed chunk c + 1's barrier, i.e. finished reading it.
     if (*sm_write_o) {
-      const int g = lane_again() >> 2, t4 = lane_again() & 3, lane = lane_again();
+      const int g = lane_again() >> 2, t4 = lane_again() & 3;
       T* const ot = sm_o + stage * kChunk * kLdO;
 #pragma unroll
       for (int j = 0; j < kChunk / 8; ++j) {
@@ -725,13 +737,10 @@ __global__ void __launch_bounds__(kThreads, 1)
           ot[(8 * j + 2 * t4 + (e & 1)) * kLdO + v0 + 16 * wr + g + 8 * (e >> 1)] = T(a.scale * o_acc[4 * j + e]);
       }
       named_sync(kBarOutput + (warp >> 2), 128);
-      T* const o_chunk = *sm_o_rows + int64_t(c) * kChunk * a.o_st + v0 + 2 * lane;
-#pragma unroll 4
-      for (int i = wr; i < L; i += 4)
-        *reinterpret_cast<uint32_t*>(o_chunk + i * a.o_st) = *reinterpret_cast<const uint32_t*>(ot + i * kLdO + v0 + 2 * lane);
     }
     FUSED_PHASE(6);
   }
+  if (nc > 0 && *sm_write_o) store_output_rows(nc - 1, min(kChunk, tokens_left + kChunk));
   FUSED_PROFILE_END(n_chunks);
 
   const StateTarget final_state = *sm_final;
