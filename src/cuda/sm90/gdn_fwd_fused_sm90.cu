@@ -614,7 +614,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   FUSED_PROFILE_BEGIN();
   for (int c = 0; c < nc; ++c, tokens_left -= kChunk) {
     const int stage = c & 1;
-    const int L = min(kChunk, tokens_left);
     named_sync(kBarChunkReady + stage, kThreads);
     FUSED_PHASE(0);
 #if defined(FLASHQLA_FUSED_ISOLATE) && FLASHQLA_FUSED_ISOLATE == 2
@@ -723,7 +722,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     FUSED_PHASE(5);
 
     // --- 4. O = scale Oᵀᵀ: o_acc[4 j + e] (value v0 + 16 wr + g + 8 (e / 2),
-    // token 8 j + 2 t4 + e % 2) into the output tile; its rows < L go out
+    // token 8 j + 2 t4 + e % 2) into the output tile; its rows in the sequence go out
     // (store_output_rows) while the next chunk's last wgmmas run. The tile has
     // two stages: chunk c + 2 writes this one after every thread of the
     // warpgroup passed chunk c + 1's barrier, i.e. finished reading it.
