@@ -126,10 +126,12 @@ ForwardArgs forward_args(const Problem& pr, const flashqla_gdn_fwd_params_t& p) 
 bool use_fused_forward(const ForwardArgs& args) { return fused_forward_supports(args) && !simple_forward_forced(); }
 
 // --- intra-card sequence parallelism (fused kernel) ----------------------------
-// With fewer (sequence, value head) chains than SMs, sequences are cut into
-// pieces (sequence_pieces.h): by default where that pays (sequence_pieces_pay);
-// FLASHQLA_SEQUENCE_PARALLEL=1 cuts whenever the chains are fewer than the SMs,
-// =0 never. FLASHQLA_PIECE_CHUNKS=n fixes the piece length (for tests).
+// With fewer (sequence, value head) chains than SMs, sequences may be cut into
+// pieces (sequence_pieces.h): by default where the cost model says that pays,
+// from the sequence lengths when the host knows them (no cu_seqlens, or a host
+// copy given), as if equal otherwise. FLASHQLA_SEQUENCE_PARALLEL=1 cuts
+// whenever the chains are fewer than the SMs, =0 never. FLASHQLA_PIECE_CHUNKS=n
+// fixes the piece length (for tests and tuning).
 int64_t env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::strtoll(v, nullptr, 10) : fallback;
@@ -147,10 +149,10 @@ int sm_count() {
 
 PiecePlan plan_pieces(const Problem& pr, const ForwardArgs& args) {
   if (!use_fused_forward(args)) return {};
-  const int64_t mode = env_int("FLASHQLA_SEQUENCE_PARALLEL", -1);  // -1: by default
-  const int sms = sm_count();
-  if (mode == 0 || (mode < 0 && !sequence_pieces_pay(pr.N, pr.HV, sms))) return {};
-  return plan_sequence_pieces(pr.T, pr.N, pr.HV, pr.varlen, sms, env_int("FLASHQLA_PIECE_CHUNKS", 0));
+  const int mode = static_cast<int>(env_int("FLASHQLA_SEQUENCE_PARALLEL", -1));  // -1: by default
+  const int64_t* cu = pr.varlen && !pr.cu_seqlens_host.empty() ? pr.cu_seqlens_host.data() : nullptr;
+  return plan_sequence_pieces(pr.T, pr.N, pr.HV, pr.varlen, cu, sm_count(), mode,
+                              env_int("FLASHQLA_PIECE_CHUNKS", 0));
 }
 
 size_t piece_state_bytes(const Problem& pr, const PiecePlan& plan) {

@@ -152,16 +152,21 @@ __device__ inline WorkItem resolve_work_item(const ForwardArgs& a, int64_t block
   w.chunk_end = min64(chunk_count(w.seq), (j + 1) * a.piece_chunks);
   const bool last = j == pieces - 1;
   if (partials) {
-    // Every piece but the last: its end state (piece 0 from the true initial
-    // state, the others from zero) and, for pieces after the first, its
-    // transition (from the identity with v = 0), stored transposed.
-    w.valid = !last && (kind == kPieceLocal || j > 0);
-    w.write_o = false;
+    // Piece 0 in full: o, and its end state from the true initial state (the
+    // whole sequence and its final state when it is the only piece). Pieces
+    // 1 .. last − 1: the end state from zero and the transition (from the
+    // identity with v = 0, stored transposed). The last piece: nothing yet.
+    w.valid = j == 0 ? kind == kPieceLocal : !last;
+    w.write_o = j == 0;
     w.read_v = kind == kPieceLocal;
     if (kind == kPieceTransition) {
       w.init.mode = StateSource::kIdentity;
     } else if (j == 0) {
       w.init = user_initial_state(a, w.n, w.hv);
+    }
+    if (j == 0 && last) {
+      w.final_state = user_final_state(a, w.n, w.hv);
+      return w;
     }
     w.final_state.ptr = a.piece_states;
     w.final_state.base = piece_state_base(a, slot, w.hv, kind);
@@ -169,16 +174,13 @@ __device__ inline WorkItem resolve_work_item(const ForwardArgs& a, int64_t block
     w.final_state.sc = kind == kPieceTransition ? a.K : 1;
     return w;
   }
-  // Outputs: every piece from its true start state; the last one writes the final state.
-  w.valid = true;
-  if (j == 0) {
-    w.init = user_initial_state(a, w.n, w.hv);
-  } else {
-    w.init.mode = StateSource::kLoad;
-    w.init.ptr = a.piece_states;
-    w.init.base = piece_state_base(a, slot, w.hv, kPieceStart);
-    w.init.sx = a.V, w.init.sc = 1;
-  }
+  // Outputs: pieces after the first, each from its true start state; the last
+  // one writes the final state.
+  w.valid = j > 0;
+  w.init.mode = StateSource::kLoad;
+  w.init.ptr = a.piece_states;
+  w.init.base = piece_state_base(a, slot, w.hv, kPieceStart);
+  w.init.sx = a.V, w.init.sc = 1;
   if (last) w.final_state = user_final_state(a, w.n, w.hv);
   return w;
 }
