@@ -6,11 +6,18 @@
 # Needs third_party/ (and .whl/ with the FLA wheels) from
 # scripts/prepare_device.sh, carried with the call. Logs go to $OUT when set.
 # --quick runs only the GPU-marked part of the Python suite (the CPU part is what
-# CI runs anyway).
+# CI runs anyway); --cpp-only stops after the C++ suite (scripts/gpu_lean_run.sh).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 pytest_select=()
-[[ "${1:-}" == "--quick" ]] && pytest_select=(-m gpu)
+cpp_only=0
+for arg in "$@"; do
+  case "${arg}" in
+    --quick) pytest_select=(-m gpu) ;;
+    --cpp-only) cpp_only=1 ;;
+    *) echo "usage: $0 [--quick] [--cpp-only]"; exit 2 ;;
+  esac
+done
 out="${OUT:-/tmp/flashqla-gpu-check}"
 mkdir -p "${out}"
 build=build-gpu
@@ -43,6 +50,12 @@ total=$(grep -oE "out of [0-9]+" "${out}/ctest.log" | grep -oE "[0-9]+" | tail -
 failed=$(grep -cE "Test +#[0-9]+: .*(\*\*\*|  Failed)" "${out}/ctest.log")
 skipped=$(grep -c "(Skipped)" "${out}/ctest.log")
 gpu_ran=$(grep -cE "CudaBackend\..*Passed" "${out}/ctest.log")
+if [[ ${cpp_only} -eq 1 ]]; then
+  echo "build ${build_s} s, ctest ${ctest_s} s: ${total:-?} tests, ${failed:-?} failed, ${skipped} skipped" \
+    "(must be 0), ${gpu_ran} CUDA backend tests passed"
+  [[ ${ctest_rc} -eq 0 && ${skipped} -eq 0 ]]
+  exit
+fi
 
 # --- Python package and suite ---------------------------------------------------
 py=python3

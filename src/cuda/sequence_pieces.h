@@ -38,11 +38,14 @@ struct PiecePlan {
 // 1 .. q − 2 twice (end state from zero, transition), the output pass reruns
 // pieces 1 .. q − 1 from their true start states; a sequence of one piece runs
 // whole in the partial pass. A pass of CTAs at most `longest` long takes
-// ⌈work / (SMs · longest)⌉ waves of `longest` (the fused kernel holds one CTA an SM).
-// kCtaStartChunks is a CTA's fixed cost (initial state, pipeline fill, final
-// state); kPiecePassesChunks the scan and the two extra launches.
-constexpr double kCtaStartChunks = 1.5;
-constexpr double kPiecePassesChunks = 3.0;
+// ⌈work / (SMs · longest)⌉ waves of `longest` (the fused kernel holds one CTA an
+// SM). kCtaStartChunks is a CTA's fixed cost (initial state, pipeline fill,
+// final state), kPiecePassesChunks the extra launches, kScanStepChunks one step
+// of the piece scan (one per piece after the first of the longest sequence).
+// Fitted to benchmarks/sweep_pieces.py on the H200 (docs/perf.md).
+constexpr double kCtaStartChunks = 3.5;
+constexpr double kPiecePassesChunks = 1.0;
+constexpr double kScanStepChunks = 1.0;
 constexpr int64_t kMaxPiecesPerSequence = 32;
 
 inline double pass_time(double work, double longest, int64_t sms) {
@@ -56,22 +59,24 @@ inline double pass_time(double work, double longest, int64_t sms) {
 inline double estimated_forward_time(const int64_t* chunks, int64_t n, int64_t HV, int64_t sms, int64_t L) {
   const double o = kCtaStartChunks;
   double work1 = 0, longest1 = 0, work2 = 0, longest2 = 0;
-  bool cut = false;
+  int64_t most_pieces = 1;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t c = chunks[i];
     const int64_t q = L > 0 ? std::max<int64_t>(1, (c + L - 1) / L) : 1;
+    most_pieces = std::max(most_pieces, q);
     if (q == 1) {
-      work1 += (double(c) + o) * HV;
+      work1 += (double(c) + o) * double(HV);
       longest1 = std::max(longest1, double(c) + o);
       continue;
     }
-    cut = true;
-    work1 += (double(L) + o) * double(2 * q - 3) * HV;
+    const double last = double(c - (q - 1) * L) + o;  // the last piece
+    work1 += (double(L) + o) * double(2 * q - 3) * double(HV);
     longest1 = std::max(longest1, double(L) + o);
-    work2 += (double(c - (q - 1) * L) + o + (double(L) + o) * double(q - 2)) * HV;
-    longest2 = std::max(longest2, double(L) + o);
+    work2 += (last + (double(L) + o) * double(q - 2)) * double(HV);
+    longest2 = std::max({longest2, last, q > 2 ? double(L) + o : 0.0});
   }
-  return pass_time(work1, longest1, sms) + pass_time(work2, longest2, sms) + (cut ? kPiecePassesChunks : 0.0);
+  const double pieces = most_pieces > 1 ? kPiecePassesChunks + kScanStepChunks * double(most_pieces - 1) : 0.0;
+  return pass_time(work1, longest1, sms) + pass_time(work2, longest2, sms) + pieces;
 }
 
 // The piece length the model finds fastest for these sequences (0: whole

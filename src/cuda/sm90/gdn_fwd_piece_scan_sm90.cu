@@ -11,9 +11,11 @@ constexpr int kMaxKeys = 128;
 
 // CTA: (sequence, value head) x a block of kColumns state columns; thread: one
 // key row. end(0) is piece 0's partial state; for j >= 1, start(j) = end(j − 1)
-// and end(j) = M_j start(j) + local(j), in fp32.
+// and end(j) = M_j start(j) + local(j), in fp32. A step is one dependent load
+// latency: a thread loads its whole row of M_j (128 registers) and its local
+// values before any product.
 __global__ void __launch_bounds__(kMaxKeys) gdn_fwd_piece_scan_kernel(const ForwardArgs a) {
-  __shared__ float s[kMaxKeys][kColumns + 1];
+  __shared__ __align__(16) float s[kMaxKeys][kColumns];
   const int64_t n = int64_t(blockIdx.x) / a.HV, hv = int64_t(blockIdx.x) % a.HV;
   const int64_t c0 = int64_t(blockIdx.y) * kColumns;
   const int r = threadIdx.x;
@@ -21,30 +23,34 @@ __global__ void __launch_bounds__(kMaxKeys) gdn_fwd_piece_scan_kernel(const Forw
   for (int64_t m = 0; m < n; ++m) first += piece_count(a, sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, m));
   const int64_t pieces = piece_count(a, sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, n));
   if (pieces < 2) return;
-  const float* local0 = a.piece_states + piece_state_base(a, first, hv, kPieceLocal);
-#pragma unroll
-  for (int c = 0; c < kColumns; ++c) s[r][c] = local0[r * a.V + c0 + c];
-  __syncthreads();
+  auto row = [&](const float* base) {  // this thread's kColumns values of a [K][V] state
+    return reinterpret_cast<const float4*>(base + r * a.V + c0);
+  };
+  float4 lo = row(a.piece_states + piece_state_base(a, first, hv, kPieceLocal))[0];
+  float4 hi = row(a.piece_states + piece_state_base(a, first, hv, kPieceLocal))[1];
   for (int64_t j = 1; j < pieces; ++j) {
-    float* start = a.piece_states + piece_state_base(a, first + j, hv, kPieceStart);
-#pragma unroll
-    for (int c = 0; c < kColumns; ++c) start[r * a.V + c0 + c] = s[r][c];
+    float4* start = reinterpret_cast<float4*>(a.piece_states + piece_state_base(a, first + j, hv, kPieceStart) +
+                                              r * a.V + c0);
+    start[0] = lo, start[1] = hi;
     if (j == pieces - 1) break;
+    __syncthreads();  // the previous step's reads of s are done
+    reinterpret_cast<float4*>(s[r])[0] = lo;
+    reinterpret_cast<float4*>(s[r])[1] = hi;
     // M_j is stored transposed: M_j[r][k] at k * K + r (coalesced over r).
     const float* mt = a.piece_states + piece_state_base(a, first + j, hv, kPieceTransition);
-    const float* local = a.piece_states + piece_state_base(a, first + j, hv, kPieceLocal);
-    float acc[kColumns];
+    float m[kMaxKeys];
 #pragma unroll
-    for (int c = 0; c < kColumns; ++c) acc[c] = local[r * a.V + c0 + c];
-    for (int k = 0; k < a.K; ++k) {
-      const float m = mt[k * a.K + r];
+    for (int k = 0; k < kMaxKeys; ++k) m[k] = mt[k * kMaxKeys + r];
+    const float4* local = row(a.piece_states + piece_state_base(a, first + j, hv, kPieceLocal));
+    float4 acc_lo = local[0], acc_hi = local[1];
+    __syncthreads();  // s written
 #pragma unroll
-      for (int c = 0; c < kColumns; ++c) acc[c] += m * s[k][c];
+    for (int k = 0; k < kMaxKeys; ++k) {
+      const float4 x = reinterpret_cast<const float4*>(s[k])[0], y = reinterpret_cast<const float4*>(s[k])[1];
+      acc_lo.x += m[k] * x.x, acc_lo.y += m[k] * x.y, acc_lo.z += m[k] * x.z, acc_lo.w += m[k] * x.w;
+      acc_hi.x += m[k] * y.x, acc_hi.y += m[k] * y.y, acc_hi.z += m[k] * y.z, acc_hi.w += m[k] * y.w;
     }
-    __syncthreads();
-#pragma unroll
-    for (int c = 0; c < kColumns; ++c) s[r][c] = acc[c];
-    __syncthreads();
+    lo = acc_lo, hi = acc_hi;
   }
 }
 
@@ -52,6 +58,7 @@ __global__ void __launch_bounds__(kMaxKeys) gdn_fwd_piece_scan_kernel(const Forw
 
 cudaError_t launch_gdn_fwd_piece_scan(const ForwardArgs& args, cudaStream_t stream) {
   if (args.N * args.HV == 0) return cudaSuccess;
+  // One thread a key row, float4 rows of kColumns values (V a multiple of kColumns: 16-byte aligned).
   if (args.K != kMaxKeys || args.V % kColumns != 0) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>(args.N * args.HV), static_cast<unsigned>(args.V / kColumns));
   FLASHQLA_PLAN("gdn_fwd_piece_scan_kernel: grid=%ux%u block=%d", grid.x, grid.y, kMaxKeys);
