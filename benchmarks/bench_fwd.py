@@ -173,6 +173,7 @@ def main(argv=None):
     args.out.parent.mkdir(parents=True, exist_ok=True)
     env = environment()
     env["fla_note"] = "FLA timed with its own kernels (FLA_FLASHQLA=0)"
+    env["rows_planned"], env["rows_measured"] = len(rows), 0
     args.out.with_suffix(".json").write_text(json.dumps(env, indent=2) + "\n")
     out = args.out.open("w", newline="")
     writer = None
@@ -201,6 +202,8 @@ def main(argv=None):
             writer.writeheader()
         writer.writerow(results[-1])
         out.flush()
+        env["rows_measured"] = len(results)  # so a run cut short says so
+        args.out.with_suffix(".json").write_text(json.dumps(env, indent=2) + "\n")
         print(f"{r['model']:>16} {r['seqlens']:>13} H={h_qk:<2} HV={h_v:<3} flashqla {ours_ms:8.3f} ms  "
               f"FLA {fla_ms:8.3f} ms  x{fla_ms / ours_ms:5.2f} (published best x{published:4.2f})  "
               f"diff {diff:.1e}", flush=True)
