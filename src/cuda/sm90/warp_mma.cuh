@@ -69,11 +69,23 @@ __device__ __forceinline__ uint32_t to_tf32(float x) {
   return r;
 }
 
+// One m16n8k8 tf32 MMA: c += A (16x8, fragment af) B (8x8, fragments b0, b1).
+__device__ __forceinline__ void mma_tf32_m16n8k8(float (&c)[4], const uint32_t (&af)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]), "r"(b0), "r"(b1));
+}
+
 // C (16x16, two n-tiles of C fragments) += A (16x16) B (16x16), fp32 operands
 // read from row-major shared tiles and multiplied in tf32 (m16n8k8):
 //   A 16x8: a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4);  B 8x8: b0 (k t, n g)  b1 (k t+4, n g)
-__device__ __forceinline__ void mma_tf32_16x16x16(float (&c)[2][4], const float* a, int lda, const float* b, int ldb,
-                                                  int lane) {
+// B is read row-major (b[k * ldb + n]), or, with kBTransposed, from its
+// transpose (bt[n * ldb + k]: B's fragments then read like A's rows).
+template <bool kBTransposed>
+__device__ __forceinline__ void mma_tf32_16x16x16_impl(float (&c)[2][4], const float* a, int lda, const float* b,
+                                                       int ldb, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int k0 = 0; k0 < 16; k0 += 8) {
@@ -81,36 +93,27 @@ __device__ __forceinline__ void mma_tf32_16x16x16(float (&c)[2][4], const float*
                             to_tf32(a[g * lda + k0 + t + 4]), to_tf32(a[(g + 8) * lda + k0 + t + 4])};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const uint32_t b0 = to_tf32(b[(k0 + t) * ldb + 8 * nt + g]), b1 = to_tf32(b[(k0 + t + 4) * ldb + 8 * nt + g]);
-      asm volatile(
-          "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-          "{%0,%1,%2,%3};\n"
-          : "+f"(c[nt][0]), "+f"(c[nt][1]), "+f"(c[nt][2]), "+f"(c[nt][3])
-          : "r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]), "r"(b0), "r"(b1));
+      uint32_t b0, b1;
+      if constexpr (kBTransposed) {
+        const float* const col = b + (8 * nt + g) * ldb + k0;
+        b0 = to_tf32(col[t]), b1 = to_tf32(col[t + 4]);
+      } else {
+        b0 = to_tf32(b[(k0 + t) * ldb + 8 * nt + g]), b1 = to_tf32(b[(k0 + t + 4) * ldb + 8 * nt + g]);
+      }
+      mma_tf32_m16n8k8(c[nt], af, b0, b1);
     }
   }
 }
 
-// The same with B given transposed: bt[n * ldbt + k] = B[k][n] (B's fragments
-// then read like A's rows).
+__device__ __forceinline__ void mma_tf32_16x16x16(float (&c)[2][4], const float* a, int lda, const float* b, int ldb,
+                                                  int lane) {
+  mma_tf32_16x16x16_impl<false>(c, a, lda, b, ldb, lane);
+}
+
+// The same with B given transposed: bt[n * ldbt + k] = B[k][n].
 __device__ __forceinline__ void mma_tf32_16x16x16_bt(float (&c)[2][4], const float* a, int lda, const float* bt,
                                                      int ldbt, int lane) {
-  const int g = lane >> 2, t = lane & 3;
-#pragma unroll
-  for (int k0 = 0; k0 < 16; k0 += 8) {
-    const uint32_t af[4] = {to_tf32(a[g * lda + k0 + t]), to_tf32(a[(g + 8) * lda + k0 + t]),
-                            to_tf32(a[g * lda + k0 + t + 4]), to_tf32(a[(g + 8) * lda + k0 + t + 4])};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const float* const col = bt + (8 * nt + g) * ldbt + k0;
-      const uint32_t b0 = to_tf32(col[t]), b1 = to_tf32(col[t + 4]);
-      asm volatile(
-          "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-          "{%0,%1,%2,%3};\n"
-          : "+f"(c[nt][0]), "+f"(c[nt][1]), "+f"(c[nt][2]), "+f"(c[nt][3])
-          : "r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]), "r"(b0), "r"(b1));
-    }
-  }
+  mma_tf32_16x16x16_impl<true>(c, a, lda, bt, ldbt, lane);
 }
 
 // Stores a 16x16 fp32 C (as accumulated by mma_tf32_16x16x16), times `scale`,
