@@ -174,7 +174,11 @@ def main(argv=None):
     env = environment()
     env["fla_note"] = "FLA timed with its own kernels (FLA_FLASHQLA=0)"
     env["rows_planned"], env["rows_measured"] = len(rows), 0
-    args.out.with_suffix(".json").write_text(json.dumps(env, indent=2) + "\n")
+
+    def write_sidecar():  # after every row too, so a run cut short says so
+        args.out.with_suffix(".json").write_text(json.dumps(env, indent=2) + "\n")
+
+    write_sidecar()
     out = args.out.open("w", newline="")
     writer = None
     for r in rows:
@@ -202,8 +206,8 @@ def main(argv=None):
             writer.writeheader()
         writer.writerow(results[-1])
         out.flush()
-        env["rows_measured"] = len(results)  # so a run cut short says so
-        args.out.with_suffix(".json").write_text(json.dumps(env, indent=2) + "\n")
+        env["rows_measured"] = len(results)
+        write_sidecar()
         print(f"{r['model']:>16} {r['seqlens']:>13} H={h_qk:<2} HV={h_v:<3} flashqla {ours_ms:8.3f} ms  "
               f"FLA {fla_ms:8.3f} ms  x{fla_ms / ours_ms:5.2f} (published best x{published:4.2f})  "
               f"diff {diff:.1e}", flush=True)
@@ -211,7 +215,7 @@ def main(argv=None):
 
     out.close()
     env["chunk_latency_us"] = round(chunk_latency_us(flush, args.reps), 3)
-    args.out.with_suffix(".json").write_text(json.dumps(env, indent=2) + "\n")
+    write_sidecar()
 
     big = [r for r in results if r["pairs"] >= 128 and r["fla_ms"] != "nan"]
     if big:

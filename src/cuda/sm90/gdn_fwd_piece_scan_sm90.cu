@@ -26,8 +26,8 @@ __global__ void __launch_bounds__(kMaxKeys) gdn_fwd_piece_scan_kernel(const Forw
   auto row = [&](const float* base) {  // this thread's kColumns values of a [K][V] state
     return reinterpret_cast<const float4*>(base + r * a.V + c0);
   };
-  float4 lo = row(a.piece_states + piece_state_base(a, first, hv, kPieceLocal))[0];
-  float4 hi = row(a.piece_states + piece_state_base(a, first, hv, kPieceLocal))[1];
+  const float4* const local0 = row(a.piece_states + piece_state_base(a, first, hv, kPieceLocal));
+  float4 lo = local0[0], hi = local0[1];
   for (int64_t j = 1; j < pieces; ++j) {
     float4* start = reinterpret_cast<float4*>(a.piece_states + piece_state_base(a, first + j, hv, kPieceStart) +
                                               r * a.V + c0);
