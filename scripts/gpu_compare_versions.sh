@@ -3,7 +3,7 @@
 # (benchmarks/tools/fused_phase_profile.cu) for every version exported by
 # scripts/export_versions.sh into versions/, plain and with the phase profile,
 # and runs them one after the other: per-chunk latency, phase cycles and the
-# relative difference to the simple kernel (and the producer warpgroup alone),
+# relative difference to the simple kernel (and each side alone),
 # for kernel versions side by side in one call. A triage tool: the GPU suite
 # (gpu_iterate.sh, gpu_check.sh) is what shows a version correct. Needs
 # third_party/ (CUTLASS) and versions/, carried.
@@ -23,6 +23,9 @@ for dir in versions/*/; do
   # The producer alone (the state warpgroups only release stages).
   nvcc "${flags[@]}" -DFLASHQLA_FUSED_PROFILE -DFLASHQLA_FUSED_ISOLATE=2 "${sources[@]}" -o "/tmp/producer_${name}" \
     > "${build_logs}/${name}-producer.log" 2>&1 &
+  # The state warpgroups alone (the producer works on the first two chunks only).
+  nvcc "${flags[@]}" -DFLASHQLA_FUSED_PROFILE -DFLASHQLA_FUSED_ISOLATE=1 "${sources[@]}" -o "/tmp/state_${name}" \
+    > "${build_logs}/${name}-state.log" 2>&1 &
 done
 wait
 for dir in versions/*/; do
@@ -36,5 +39,9 @@ for dir in versions/*/; do
   if [[ -x "/tmp/producer_${name}" ]]; then
     echo "  producer alone:"
     timeout 60 "/tmp/producer_${name}" 2>&1 | grep -E "producer:|us per chunk" | head -n 2
+  fi
+  if [[ -x "/tmp/state_${name}" ]]; then
+    echo "  state alone:"
+    timeout 60 "/tmp/state_${name}" 2>&1 | grep -E "state:|us per chunk" | head -n 2
   fi
 done | tee "${out}/compare.txt"

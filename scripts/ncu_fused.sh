@@ -3,13 +3,17 @@
 # launch of benchmarks/tools/fused_phase_profile.cu, one sequence of 8192
 # tokens), with source-level stall sampling and shared-memory wavefronts per
 # SASS instruction. Writes prof.ncu-rep, source.csv and details.csv to $OUT.
-# Needs third_party/ from scripts/prepare_device.sh.
+# Needs third_party/ from scripts/prepare_device.sh. An argument profiles the
+# sources of a version exported by scripts/export_versions.sh instead
+# (scripts/ncu_fused.sh versions/<name>/).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/flashqla-ncu}"
 mkdir -p "${out}"
-nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -lineinfo -Iinclude -Isrc -Ithird_party/cutlass/include \
-  benchmarks/tools/fused_phase_profile.cu src/cuda/sm90/gdn_fwd_simple_sm90.cu -o /tmp/fused_ncu > "${out}/ncu-build.log" 2>&1 \
+src="${1:-.}"
+src="${src%/}"
+nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -lineinfo -I"${src}/include" -I"${src}/src" -Ithird_party/cutlass/include \
+  "${src}/benchmarks/tools/fused_phase_profile.cu" "${src}/src/cuda/sm90/gdn_fwd_simple_sm90.cu" -o /tmp/fused_ncu > "${out}/ncu-build.log" 2>&1 \
   || { tail -n 20 "${out}/ncu-build.log"; exit 1; }
 ncu --set full --import-source yes -k regex:gdn_fwd_fused -c 1 -o "${out}/prof" /tmp/fused_ncu > "${out}/ncu.log" 2>&1 \
   || { tail -n 20 "${out}/ncu.log"; exit 1; }
