@@ -11,7 +11,7 @@ mkdir -p "${out}"
 nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -lineinfo -Iinclude -Isrc -Ithird_party/cutlass/include \
   benchmarks/tools/fused_phase_profile.cu src/cuda/sm90/gdn_fwd_simple_sm90.cu -o /tmp/fused_ncu > "${out}/ncu-build.log" 2>&1 \
   || { tail -n 20 "${out}/ncu-build.log"; exit 1; }
-ncu --set full --import-source yes -k regex:gdn_fwd_fused -c 1 -o "${out}/prof" /tmp/fused_ncu > "${out}/ncu.log" 2>&1 \
+ncu --set full --clock-control none --import-source yes -k regex:gdn_fwd_fused -c 1 -o "${out}/prof" /tmp/fused_ncu > "${out}/ncu.log" 2>&1 \
   || { tail -n 20 "${out}/ncu.log"; exit 1; }
 ncu -i "${out}/prof.ncu-rep" --page source --csv --print-source sass > "${out}/source.csv" 2>&1
 ncu -i "${out}/prof.ncu-rep" --page details --csv > "${out}/details.csv" 2>&1
