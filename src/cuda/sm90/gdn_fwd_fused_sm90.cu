@@ -376,24 +376,19 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(9);
 
-      // One batch: A = β (K Kᵀ ⊙ Γ), strictly lower, fp32, and P = Q Kᵀ ⊙ Γ,
-      // lower with the diagonal (wgmma m64n64, both operands K-major); one
-      // epilogue for both (T's tile and the handover stage).
+      // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32 (wgmma m64n64, both operands
+      // K-major), its epilogue into T's tile. (P = Q Kᵀ ⊙ Γ is the state
+      // warpgroups': they wait for this warpgroup otherwise.)
       float* const tt = sm_t;
       {
-        float acc[kChunk / 2], acc_p[kChunk / 2];
+        float acc[kChunk / 2];
 #pragma unroll
-        for (int i = 0; i < kChunk / 2; ++i) acc[i] = acc_p[i] = 0.f;
-        wgmma::fence_operands(acc_p);
+        for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
         wgmma::fence(acc);
 #pragma unroll
         for (int k = 0; k < kDim / 16; ++k)
           wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(ks, 16 * k), wgmma::kmajor_desc(ks, 16 * k),
                                                          acc);
-#pragma unroll
-        for (int k = 0; k < kDim / 16; ++k)
-          wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(qs, 16 * k), wgmma::kmajor_desc(ks, 16 * k),
-                                                         acc_p);
         wgmma::commit();
         // The gates of this thread's rows and columns, read while the wgmmas run.
         const int g = lane_again() >> 2, t4 = lane_again() & 3;
@@ -404,23 +399,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float b_row[2] = {bet[16 * pwarp + g], bet[16 * pwarp + g + 8]};
         wgmma::wait<0>();
         wgmma::fence_operands(acc);
-        wgmma::fence_operands(acc_p);
-        // One exponential an element for both: e^{γ_i − γ_j}, 0 above the
-        // diagonal (P keeps the diagonal, A does not).
-        const CoreTile<T, kChunk> pt = p_tile(stage);
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
           const int i = 16 * pwarp + g + 8 * half;
 #pragma unroll
           for (int j = 0; j < kChunk / 8; ++j) {
             const int col = 8 * j + 2 * t4;
-            const float e0 = masked_exp(col <= i, g_row[half] - g_col[j].x);
-            const float e1 = masked_exp(col + 1 <= i, g_row[half] - g_col[j].y);
-            *reinterpret_cast<uint32_t*>(pt.at(i, col)) =
-                M::pack(acc_p[4 * j + 2 * half] * e0, acc_p[4 * j + 2 * half + 1] * e1);
             // A: β_i e^{γ_i − γ_j}, 0 on and above the diagonal.
-            const float x[2] = {col < i ? acc[4 * j + 2 * half] * b_row[half] * e0 : 0.f,
-                                col + 1 < i ? acc[4 * j + 2 * half + 1] * b_row[half] * e1 : 0.f};
+            const float x[2] = {acc[4 * j + 2 * half] * b_row[half] * masked_exp(col < i, g_row[half] - g_col[j].x),
+                                acc[4 * j + 2 * half + 1] * b_row[half] * masked_exp(col + 1 < i, g_row[half] - g_col[j].y)};
             // The two 32x32 diagonal blocks into T's (inverted there in place),
             // transposed as the substitution reads them (conflict-free); the
             // block below, A_10, into T's unused block above the diagonal
@@ -662,7 +649,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // --- 2. V'ᵀ = Vᵀ − (K S)ᵀ diag(e^γ) in 16 bits and Oᵀ diag(e^γ), then
     // V_newᵀ = V'ᵀ (Tβ)ᵀ (m64n64k64, B = Tβ K-major).
-    float nv_acc[kChunk / 2];
+    float nv_acc[kChunk / 2], p_acc[kChunk / 4];
     {
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
@@ -684,13 +671,27 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::fence(nv_acc);
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(vf[kb], wgmma::kmajor_desc(tb, 16 * kb), nv_acc);
-      wgmma::commit_and_wait(nv_acc);
+      wgmma::commit();
+      // The warpgroup's half of P = Q Kᵀ ⊙ Γ, token columns 32 w.. 32 w + 31
+      // (m64n32k128, both operands from shared memory), behind V_new; its
+      // epilogue runs while step 3's state update does. (The producer
+      // warpgroup is the busier side: P is the state warpgroups'.)
+#pragma unroll
+      for (int i = 0; i < kChunk / 4; ++i) p_acc[i] = 0.f;
+      wgmma::fence(p_acc);
+#pragma unroll
+      for (int k = 0; k < kDim / 16; ++k)
+        wgmma::mma_ss<T, kChunk / 2, wgmma::kK, wgmma::kK>(
+            wgmma::kmajor_desc(qs, 16 * k), wgmma::kmajor_desc(ks, 16 * k, (kChunk / 2) * (warp >> 2)), p_acc);
+      wgmma::commit();
+      wgmma::wait<1>();
+      wgmma::fence_operands(nv_acc);
     }
     FUSED_PHASE(4);
     asm volatile("" ::: "memory");  // the next step's shared-memory loads stay in it
 
-    // --- 3. One batch: Oᵀ += V_newᵀ Pᵀ (B = P K-major) and
-    // Sᵀ = e^{γ_C} Sᵀ + (V_newᵀ diag(e^{γ_C − γ})) K (B = K MN-major).
+    // --- 3. Sᵀ = e^{γ_C} Sᵀ + (V_newᵀ diag(e^{γ_C − γ})) K (B = K MN-major),
+    // then P's epilogue, then Oᵀ += V_newᵀ Pᵀ (B = P K-major).
     {
       uint32_t nf[kChunk / 16][4], nd[kChunk / 16][4];
 #pragma unroll
@@ -698,19 +699,43 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int c0 = 16 * kb + 2 * t4;
         const float2 d0 = *reinterpret_cast<const float2*>(decay + c0);
         const float2 d8 = *reinterpret_cast<const float2*>(decay + c0 + 8);
-        a_fragment(nv_acc + 8 * kb, 1.f, 1.f, 1.f, 1.f, nf[kb]);
         a_fragment(nv_acc + 8 * kb, d0.x, d0.y, d8.x, d8.y, nd[kb]);
       }
       const float e_last = exp_gam[kChunk - 1];
 #pragma unroll
       for (int i = 0; i < 64; ++i) s_acc[i] *= e_last;
-      wgmma::fence_operands(o_acc);
-      wgmma::fence_operands(s_acc);
-      wgmma::arrive();
-#pragma unroll
-      for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(nf[kb], wgmma::kmajor_desc(pt, 16 * kb), o_acc);
+      wgmma::fence(s_acc);
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma_b_mn<T, kDim>(nd[kb], wgmma::mnmajor_desc(ks, 16 * kb), s_acc);
+      wgmma::commit();
+#pragma unroll
+      for (int kb = 0; kb < kChunk / 16; ++kb) a_fragment(nv_acc + 8 * kb, 1.f, 1.f, 1.f, 1.f, nf[kb]);
+      wgmma::wait<1>();  // P
+      wgmma::fence_operands(p_acc);
+      // P's epilogue: e^{γ_i − γ_j}, 0 above the diagonal (rows: tokens i,
+      // p_acc[4 j + e]: token i = 16 wr + g + 8 (e / 2), j = 32 w + 8 j + 2 t4 + e % 2).
+      {
+        const int g = lane_again() >> 2, t4 = lane_again() & 3;
+        const float* const gam = sm_gamma + qk_stage * kChunk;
+        const float g_row[2] = {gam[16 * wr + g], gam[16 * wr + g + 8]};
+#pragma unroll
+        for (int j = 0; j < kChunk / 16; ++j) {
+          const int col = (kChunk / 2) * (warp >> 2) + 8 * j + 2 * t4;
+          const float2 g_col = *reinterpret_cast<const float2*>(gam + col);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int i = 16 * wr + g + 8 * half;
+            *reinterpret_cast<uint32_t*>(pt.at(i, col)) =
+                M::pack(p_acc[4 * j + 2 * half] * masked_exp(col <= i, g_row[half] - g_col.x),
+                        p_acc[4 * j + 2 * half + 1] * masked_exp(col + 1 <= i, g_row[half] - g_col.y));
+          }
+        }
+        wgmma::fence_shared_for_async();  // P is a wgmma operand (step 3, both warpgroups)
+      }
+      named_sync(kBarState, kStateThreads);  // both halves of P written
+      wgmma::fence(o_acc);
+#pragma unroll
+      for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(nf[kb], wgmma::kmajor_desc(pt, 16 * kb), o_acc);
       wgmma::commit();
       if (c > 0 && *sm_write_o) store_output_rows(c - 1, kChunk);  // chunk c − 1 was whole
       wgmma::wait<0>();

@@ -51,9 +51,10 @@ __device__ __forceinline__ uint64_t mnmajor_desc(const mma::CoreTile<T, kCols>& 
 
 // The same two for a ColumnBlockTile [kRows][..]: core matrices adjacent in
 // the columns kRows * 16 bytes apart, in the rows 128 bytes apart.
+// (kmajor_desc from row n0, a multiple of 8: the operand's rows n0..)
 template <typename T, int kRows>
-__device__ __forceinline__ uint64_t kmajor_desc(const mma::ColumnBlockTile<T, kRows>& tile, int k0) {
-  return make_desc(tile.at(0, k0), kRows * 16, 128);
+__device__ __forceinline__ uint64_t kmajor_desc(const mma::ColumnBlockTile<T, kRows>& tile, int k0, int n0 = 0) {
+  return make_desc(tile.at(n0, k0), kRows * 16, 128);
 }
 template <typename T, int kRows>
 __device__ __forceinline__ uint64_t mnmajor_desc(const mma::ColumnBlockTile<T, kRows>& tile, int k0, int mn0 = 0) {
@@ -98,6 +99,14 @@ struct OpSS<__half, 128, A, B> {
 template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
 struct OpSS<__half, 64, A, B> {
   using type = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_SS<A, B>;
+};
+template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
+struct OpSS<__nv_bfloat16, 32, A, B> {
+  using type = cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<A, B>;
+};
+template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
+struct OpSS<__half, 32, A, B> {
+  using type = cute::SM90::GMMA::MMA_64x32x16_F32F16F16_SS<A, B>;
 };
 
 template <typename T, int N, cute::SM90::GMMA::Major B, size_t... I>
