@@ -582,6 +582,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Sᵀ in the wgmma accumulator layout (m64n128): s_acc[4 j + e] is value
   // v0 + 16 wr + g + 8 (e / 2), key 8 j + 2 t4 + e % 2.
   float s_acc[64];
+  // The output pass's start states come from the piece scan, which may still be
+  // running (programmatic dependent launch); no-op in any other launch. Only the
+  // state warpgroups read what an earlier grid of the forward wrote.
+  wait_for_prerequisite_grids();
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int v = v0 + 16 * wr + g + ((i >> 1) & 1) * 8, k = 8 * (i >> 2) + 2 * t4 + (i & 1);
@@ -769,8 +773,19 @@ cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   FLASHQLA_PLAN("gdn_fwd_fused_kernel: pass=%d grid=%lld block=%d smem=%d bytes (chunk %d, K=V=%d, piece %lld chunks)",
                 args.piece_pass, (long long)blocks, kThreads, kSmemBytes, kChunk, kDim, (long long)args.piece_chunks);
-  gdn_fwd_fused_kernel<T><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(args, maps);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute programmatic{};
+  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  programmatic.val.programmaticStreamSerializationAllowed = 1;
+  if (args.piece_pass == kPieceOutputs && args.programmatic_output_pass) {
+    config.attrs = &programmatic;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, gdn_fwd_fused_kernel<T>, args, maps);
 }
 
 }  // namespace
