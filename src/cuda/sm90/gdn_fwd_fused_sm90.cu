@@ -550,8 +550,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::fence_shared_for_async();  // P and Tβ are wgmma operands
       // The chunk is ready: its q, k, v, gates, P and Tβ.
       named_arrive(kBarChunkReady + stage, kThreads);
-      // The next chunk overwrites T's tile only after every warp has read it.
-      named_sync(kBarProducer, kProducerThreads);
+      // No barrier here: the next chunk writes T's tile (and the gate vectors'
+      // stages) only after its barrier below the q/k landing, which every warp
+      // reaches only once it has finished this chunk.
       FUSED_PHASE(15);
     }
     FUSED_PROFILE_END(0);
