@@ -201,6 +201,7 @@ void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
     args.piece_chunks = plan.chunks;
     args.piece_slots = plan.slots;
     args.piece_states = reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) + kCuSeqlensCheckBytes);
+    args.programmatic_output_pass = env_int("FLASHQLA_PROGRAMMATIC_LAUNCH", 1) != 0;
     args.piece_pass = kPiecePartials;
     check_cuda(launch_gdn_fwd_fused(args, p.stream), entry, "fused forward kernel launch (piece partials)");
     check_cuda(launch_gdn_fwd_piece_scan(args, p.stream), entry, "piece scan launch");

@@ -47,6 +47,9 @@ struct ForwardArgs {
   int64_t piece_chunks;   // chunks per piece
   int64_t piece_slots;    // piece slots per value head: an upper bound on the pieces of all sequences
   float* piece_states;    // workspace, [piece_slots][HV][kPieceStateKinds][K][V]; the transition stored transposed
+  // The output pass as a programmatic dependent launch of the scan: its producer
+  // loads and prepares the first chunks while the scan runs.
+  bool programmatic_output_pass;
 };
 
 }  // namespace flashqla::cuda

@@ -16,7 +16,7 @@
 namespace flashqla::cuda {
 
 constexpr int64_t kPieceChunkTokens = 64;
-constexpr int64_t kMinPieceChunks = 8;
+constexpr int64_t kMinPieceChunks = 4;
 
 // Pieces of a sequence of `tokens` tokens: at least one, so an empty sequence
 // still writes its final state.

@@ -11,6 +11,12 @@
 
 namespace flashqla::cuda {
 
+// Programmatic dependent launch (sm_90): wait until the grids this one depends on
+// have completed and their writes are visible (a no-op in a plain launch), and
+// let this grid's dependents be scheduled once every CTA has said so or exited.
+__device__ __forceinline__ void wait_for_prerequisite_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void allow_dependent_grids() { asm volatile("griddepcontrol.launch_dependents;" :::); }
+
 __device__ __forceinline__ float load_float(const void* p, flashqla_dtype_t dtype, int64_t i) {
   switch (dtype) {
     case FLASHQLA_DTYPE_BFLOAT16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);

@@ -537,8 +537,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::fence_shared_for_async();  // P and Tβ are wgmma operands
       // The chunk is ready: its q, k, v, gates, P and Tβ.
       named_arrive(kBarChunkReady + stage, kThreads);
-      // The next chunk overwrites T's tile only after every warp has read it.
-      named_sync(kBarProducer, kProducerThreads);
+      // No barrier here: the next chunk writes T's tile (and the gate vectors'
+      // stages) only after its barrier below the q/k landing, which every warp
+      // reaches only once it has finished this chunk.
       FUSED_PHASE(15);
     }
     FUSED_PROFILE_END(0);
@@ -569,6 +570,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Sᵀ in the wgmma accumulator layout (m64n128): s_acc[4 j + e] is value
   // v0 + 16 wr + g + 8 (e / 2), key 8 j + 2 t4 + e % 2.
   float s_acc[64];
+  // The output pass's start states come from the piece scan, which may still be
+  // running (programmatic dependent launch); no-op in any other launch. Only the
+  // state warpgroups read what an earlier grid of the forward wrote.
+  wait_for_prerequisite_grids();
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int v = v0 + 16 * wr + g + ((i >> 1) & 1) * 8, k = 8 * (i >> 2) + 2 * t4 + (i & 1);
@@ -794,8 +799,19 @@ cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   FLASHQLA_PLAN("gdn_fwd_fused_kernel: pass=%d grid=%lld block=%d smem=%d bytes (chunk %d, K=V=%d, piece %lld chunks)",
                 args.piece_pass, (long long)blocks, kThreads, kSmemBytes, kChunk, kDim, (long long)args.piece_chunks);
-  gdn_fwd_fused_kernel<T><<<static_cast<unsigned>(blocks), kThreads, kSmemBytes, stream>>>(args, maps);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute programmatic{};
+  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  programmatic.val.programmaticStreamSerializationAllowed = 1;
+  if (args.piece_pass == kPieceOutputs && args.programmatic_output_pass) {
+    config.attrs = &programmatic;
+    config.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&config, gdn_fwd_fused_kernel<T>, args, maps);
 }
 
 }  // namespace

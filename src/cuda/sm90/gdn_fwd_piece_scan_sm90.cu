@@ -16,6 +16,9 @@ constexpr int kMaxKeys = 128;
 // values before any product.
 __global__ void __launch_bounds__(kMaxKeys) gdn_fwd_piece_scan_kernel(const ForwardArgs a) {
   __shared__ __align__(16) float s[kMaxKeys][kColumns];
+  // The output pass (launched as a programmatic dependent of this grid) may start
+  // loading its first chunks now; it waits for this grid before it reads a start state.
+  allow_dependent_grids();
   const int64_t n = int64_t(blockIdx.x) / a.HV, hv = int64_t(blockIdx.x) % a.HV;
   const int64_t c0 = int64_t(blockIdx.y) * kColumns;
   const int r = threadIdx.x;
