@@ -23,7 +23,12 @@ else
   mkdir -p "${TRITON_CACHE_DIR}"
 fi
 set +e
-python3 benchmarks/bench_fwd.py --rows "${1:-}" --out "${out}/h200.csv"
+# BENCH_TIME_LIMIT (seconds): stop the benchmark then (the rows measured so far
+# are kept; the sidecar says how many), so that a device call's limit leaves
+# time to hand the results back.
+limit=()
+[[ -n "${BENCH_TIME_LIMIT:-}" ]] && limit=(timeout "${BENCH_TIME_LIMIT}")
+"${limit[@]}" python3 benchmarks/bench_fwd.py --rows "${1:-}" --out "${out}/h200.csv"
 bench_rc=$?
 tar -czf "${out}/triton-cache.tar.gz" -C "${TRITON_CACHE_DIR}" . 2>/dev/null
 if [[ $(stat -c %s "${out}/triton-cache.tar.gz" 2>/dev/null || echo 0) -ge $((16 << 20)) ]]; then
