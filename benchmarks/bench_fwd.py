@@ -160,6 +160,8 @@ def main(argv=None):
                     help="keep rows with at least this many (sequence, value-head) pairs (128: the rows of the "
                          "speed acceptance)")
     ap.add_argument("--no-fla", action="store_true", help="time flashqla only")
+    ap.add_argument("--no-host-lengths", action="store_true",
+                    help="leave cu_seqlens_cpu out (the sequence-piece plan then takes the lengths as equal)")
     args = ap.parse_args(argv)
 
     rows = list(csv.DictReader(ANCHORS.open()))
@@ -173,6 +175,7 @@ def main(argv=None):
     args.out.parent.mkdir(parents=True, exist_ok=True)
     env = environment()
     env["fla_note"] = "FLA timed with its own kernels (FLA_FLASHQLA=0)"
+    env["host_lengths"] = not args.no_host_lengths  # cu_seqlens_cpu passed
     env["rows_planned"], env["rows_measured"] = len(rows), 0
 
     def write_sidecar():  # after every row too, so a run cut short says so
@@ -184,6 +187,8 @@ def main(argv=None):
     for r in rows:
         seqlens, h_qk, h_v = parse_seqlens(r["seqlens"]), int(r["h_qk"]), int(r["h_v"])
         x = make_inputs(seqlens, h_qk, h_v)
+        if args.no_host_lengths:
+            del x["cu_seqlens_cpu"]
         with torch.no_grad():
             ours_ms, ours_method = time_graph(lambda: flashqla.chunk_gated_delta_rule(**x), flush, args.reps)
             o, ht = flashqla.chunk_gated_delta_rule(**x)
