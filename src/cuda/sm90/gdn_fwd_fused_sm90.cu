@@ -16,9 +16,9 @@ namespace {
 constexpr int kChunk = 64;  // tokens per chunk
 constexpr int kDim = 128;   // K = V
 // Warpgroups 0 and 1 run the state chain of chunk c, each for half the values
-// (Sᵀ split by value rows: two independent chains); warpgroup 2 loads chunk
-// c + 1 and computes its A, T = (I + A)⁻¹, Tβ and P meanwhile (everything that
-// does not read S). Registers move to the state warpgroups.
+// (Sᵀ split by value rows: two chains that meet once a chunk, and each computes
+// half of P = Q Kᵀ ⊙ Γ); warpgroup 2 loads chunk c + 1 and computes its A,
+// T = (I + A)⁻¹ and Tβ meanwhile. Registers move to the state warpgroups.
 constexpr int kStateThreads = 256;
 constexpr int kProducerThreads = 128;
 constexpr int kThreads = kStateThreads + kProducerThreads;
@@ -65,7 +65,8 @@ __device__ __forceinline__ void set_max_registers() {
 // Shared memory (bytes). Three stages of q, k and the gate vectors γ, e^γ,
 // e^{γ_C − γ} (the producer loads or forms chunk c + 1's while it works on c and
 // the state warpgroups on c − 1), two of v, P, Tβ and β (the chunk the producer
-// hands over and the one the state warpgroups run); one of everything else. Every 16-bit tile is a core-matrix
+// hands over and the one the state warpgroups run; P is the state warpgroups'
+// own); one of everything else. Every 16-bit tile is a core-matrix
 // tile (ldmatrix reads it without bank conflicts, wgmma through a descriptor).
 // T is the producer's own padded fp32 [64][68] tile: it builds T there in place
 // from A's two 32x32 diagonal blocks, and keeps A's block below them (then
@@ -165,8 +166,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* const sm_k = reinterpret_cast<T*>(smem + kOffK);
   T* const sm_v = reinterpret_cast<T*>(smem + kOffV);
   T* const sm_o = reinterpret_cast<T*>(smem + kOffO);  // [2][64 tokens][kLdO]
-  // Handed over by the producer, two stages each: P = Q Kᵀ ⊙ Γ and Tβ = T diag(β),
-  // [64][64] (A operands, K-major).
+  // Two stages each, [64][64], wgmma B operands (K-major): P = Q Kᵀ ⊙ Γ (the state
+  // warpgroups write it, each its 32 token columns) and Tβ = T diag(β) (handed
+  // over by the producer).
   auto p_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffP + stage * kTile64)}; };
   auto tb_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffTb + stage * kTile64)}; };
   float* const sm_t = reinterpret_cast<float*>(smem + kOffT);  // T, [64][kLdF] (producer)
@@ -534,8 +536,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       FUSED_PHASE(13);
 
-      wgmma::fence_shared_for_async();  // P and Tβ are wgmma operands
-      // The chunk is ready: its q, k, v, gates, P and Tβ.
+      wgmma::fence_shared_for_async();  // Tβ is a wgmma operand
+      // The chunk is ready: its q, k, v, gates and Tβ.
       named_arrive(kBarChunkReady + stage, kThreads);
       // No barrier here: the next chunk writes T's tile (and the gate vectors'
       // stages) only after its barrier below the q/k landing, which every warp
