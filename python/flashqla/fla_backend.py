@@ -16,6 +16,8 @@ import inspect
 import warnings
 from typing import Any
 
+import torch
+
 from . import _library
 from . import gated_delta_rule as _gdr
 
@@ -55,6 +57,33 @@ def _split(own_names: list[str], bound: dict[str, Any]) -> tuple[dict[str, Any],
     return named, rest
 
 
+def _cuda_refusal(q, k, v, use_gate_in_kernel: bool, capability: tuple[int, int]) -> str | None:
+    """Why FLA's dispatch keeps a CUDA call that flashqla could compute (None: flashqla
+    takes it). flashqla takes only what it has been measured faster than FLA on: calls
+    the fused sm_90a kernel runs (K = V = 128; q, k and v alike in bfloat16 or float16;
+    16-byte aligned rows — the conditions of ``src/cuda/fused_forward_support.h``), on an
+    sm_90 GPU, with the gate computed outside (``benchmarks/results/h200.csv``). Shapes
+    the simpler kernel runs stay with FLA, whose kernels are faster there."""
+    if not _library.CUDA_FORWARD_BEATS_FLA:
+        return ("its sm_90a forward is not yet faster than FLA's own kernels on every published shape "
+                "(see flashqla's docs/perf.md)")
+    if tuple(capability) != (9, 0):
+        return f"its CUDA kernels are for sm_90 (H100/H200); this GPU is sm_{capability[0]}{capability[1]}"
+    K, V = q.shape[-1], v.shape[-1]
+    if K != 128 or V != 128:
+        return f"its fast path has K = V = 128 (got K={K}, V={V}); FLA is faster on other head sizes"
+    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
+        return (f"its fast path takes q, k and v in one dtype, bfloat16 or float16 (got {q.dtype}, {k.dtype}, "
+                f"{v.dtype})")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.data_ptr() % 16 != 0 or any(n > 1 and (s <= 0 or s % 8 != 0)
+                                         for n, s in zip(x.shape[:-1], x.stride()[:-1])):
+            return f"its fast path needs 16-byte aligned rows of {name} (base and strides; got strides {x.stride()})"
+    if use_gate_in_kernel:
+        return "its fused-gate path (use_gate_in_kernel) is not yet timed against FLA's"
+    return None
+
+
 def _make_backend():
     from fla.ops.backends import BaseBackend
 
@@ -87,9 +116,11 @@ def _make_backend():
                 except Exception as e:  # noqa: BLE001 - every refusal becomes FLA's "declined" reason
                     return False, f"flashqla declines: {type(e).__name__}: {e}"
             q = call["q"]
-            if q.is_cuda and not _library.CUDA_FORWARD_BEATS_FLA:
-                return False, ("flashqla declines: its sm_90a forward is not yet faster than FLA's own kernels "
-                               "on every published shape (see flashqla's docs/perf.md)")
+            if q.is_cuda:
+                refusal = _cuda_refusal(q, call["k"], call["v"], bool(rest.get("use_gate_in_kernel", False)),
+                                        torch.cuda.get_device_capability(q.device))
+                if refusal is not None:
+                    return False, f"flashqla declines: {refusal}"
             return True, None
 
         def chunk_gated_delta_rule(self, *args, **kwargs):

@@ -332,6 +332,63 @@ def test_verifier_declines_k_512():
     assert "head dim" in reason
 
 
+# What CUDA calls flashqla takes: the fused kernel's shapes on sm_90 only (checked here on
+# CPU tensors, which have the same shapes, dtypes and strides, with the GPU's capability given).
+def _fast(**over):
+    x = dict(q=torch.empty(1, 64, 2, 128, dtype=torch.bfloat16), k=torch.empty(1, 64, 2, 128, dtype=torch.bfloat16),
+             v=torch.empty(1, 64, 4, 128, dtype=torch.bfloat16), use_gate_in_kernel=False, capability=(9, 0))
+    x.update(over)
+    return flashqla.fla_backend._cuda_refusal(**x)
+
+
+@pytest.fixture
+def beats_fla(monkeypatch):
+    monkeypatch.setattr(flashqla._library, "CUDA_FORWARD_BEATS_FLA", True)
+
+
+def test_cuda_fast_path_is_taken(beats_fla):
+    assert _fast() is None
+    assert _fast(q=torch.empty(1, 64, 2, 128, dtype=torch.float16), k=torch.empty(1, 64, 2, 128, dtype=torch.float16),
+                 v=torch.empty(1, 64, 4, 128, dtype=torch.float16)) is None
+    packed = torch.empty(1, 64, 2 * 128 + 2 * 128 + 4 * 128, dtype=torch.bfloat16)  # slices of one qkv tensor
+    q, k, v = packed.split([256, 256, 512], dim=-1)
+    assert _fast(q=q.view(1, 64, 2, 128), k=k.view(1, 64, 2, 128), v=v.view(1, 64, 4, 128)) is None
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (8, 9), (10, 0), (12, 0)])
+def test_cuda_other_gpus_stay_with_fla(beats_fla, capability):
+    assert "sm_90" in _fast(capability=capability)
+
+
+def test_cuda_other_head_sizes_stay_with_fla(beats_fla):
+    assert "K = V = 128" in _fast(q=torch.empty(1, 64, 2, 64, dtype=torch.bfloat16),
+                                  k=torch.empty(1, 64, 2, 64, dtype=torch.bfloat16),
+                                  v=torch.empty(1, 64, 4, 64, dtype=torch.bfloat16))
+    assert "K = V = 128" in _fast(v=torch.empty(1, 64, 4, 256, dtype=torch.bfloat16))
+
+
+def test_cuda_other_dtypes_stay_with_fla(beats_fla):
+    f32 = torch.empty(1, 64, 2, 128)
+    assert "dtype" in _fast(q=f32, k=f32)
+    assert "dtype" in _fast(v=torch.empty(1, 64, 4, 128, dtype=torch.float16))
+
+
+def test_cuda_unaligned_rows_stay_with_fla(beats_fla):
+    padded = torch.empty(1, 64, 2, 132, dtype=torch.bfloat16)[..., :128]  # rows 264 bytes apart
+    assert "aligned" in _fast(q=padded)
+    offset = torch.empty(1 * 64 * 2 * 128 + 1, dtype=torch.bfloat16)[1:].view(1, 64, 2, 128)  # base 2 bytes off
+    assert "aligned" in _fast(k=offset)
+
+
+def test_cuda_fused_gate_stays_with_fla(beats_fla):
+    assert "use_gate_in_kernel" in _fast(use_gate_in_kernel=True)
+
+
+def test_cuda_declined_while_not_faster(monkeypatch):
+    monkeypatch.setattr(flashqla._library, "CUDA_FORWARD_BEATS_FLA", False)
+    assert "not yet faster" in _fast()
+
+
 def test_declined_call_falls_back_to_fla(calls):
     """A call flashqla declines goes to FLA's own implementation (never to flashqla)."""
     x = _inputs()

@@ -195,11 +195,26 @@ def test_fused_gate_on_cuda():
 
 
 @pytest.mark.skipif(not HAS_FLA, reason="flash-linear-attention not installed")
-def test_fla_backend_leaves_cuda_to_fla_until_flashqla_is_faster():
+def test_fla_backend_takes_only_the_fast_path_on_cuda():
+    """FLA's dispatch runs flashqla for the fused kernel's shapes (bitwise what the direct
+    call gives) and keeps the rest, with the reason."""
     pytest.importorskip("fla.ops.gated_delta_rule")
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_entry
     from fla.ops.gated_delta_rule.backends import gdr_registry
 
+    from flashqla import _library
+
     backend = gdr_registry._backends["flashqla"]
-    x = make_inputs(T=64, H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, device="cuda")
+    x = make_inputs(T=200, H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, device="cuda")
     ok, reason = backend.verify("chunk_gated_delta_rule", **x, output_final_state=True)
-    assert not ok and "not yet faster than FLA" in reason
+    if not _library.CUDA_FORWARD_BEATS_FLA:
+        assert not ok and "not yet faster than FLA" in reason
+        return
+    assert ok, reason
+    with torch.no_grad():
+        o, ht = fla_entry(**x, output_final_state=True)
+        ref_o, ref_ht = flashqla.chunk_gated_delta_rule(**x, output_final_state=True)
+    assert torch.equal(o, ref_o) and torch.equal(ht, ref_ht)
+    small = make_inputs(T=200, H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, device="cuda")
+    ok, reason = backend.verify("chunk_gated_delta_rule", **small, output_final_state=True)
+    assert not ok and "K = V = 128" in reason
