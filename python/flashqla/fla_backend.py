@@ -57,13 +57,18 @@ def _split(own_names: list[str], bound: dict[str, Any]) -> tuple[dict[str, Any],
     return named, rest
 
 
-def _cuda_refusal(q, k, v, use_gate_in_kernel: bool, capability: tuple[int, int]) -> str | None:
+def _cuda_refusal(q, k, v, use_gate_in_kernel: bool, capability: tuple[int, int], cu_seqlens=None,
+                  cu_seqlens_cpu=None, sm_count: int = 132) -> str | None:
     """Why FLA's dispatch keeps a CUDA call that flashqla could compute (None: flashqla
     takes it). flashqla takes only what it has been measured faster than FLA on: calls
     the fused sm_90a kernel runs (K = V = 128; q, k and v alike in bfloat16 or float16;
     16-byte aligned rows — the conditions of ``src/cuda/fused_forward_support.h``), on an
     sm_90 GPU, with the gate computed outside (``benchmarks/results/h200.csv``). Shapes
-    the simpler kernel runs stay with FLA, whose kernels are faster there."""
+    the simpler kernel runs stay with FLA, whose kernels are faster there, and so do
+    packed batches of several sequences with fewer (sequence, value head) chains than
+    SMs when the host does not know the lengths (no ``cu_seqlens_cpu``): the piece plan
+    then takes the lengths as equal, and on uneven pairs at 24 heads that was slower
+    than FLA (``bench_fwd.py --no-host-lengths``, docs/perf.md)."""
     if not _library.CUDA_FORWARD_BEATS_FLA:
         return ("its sm_90a forward is not yet faster than FLA's own kernels on every published shape "
                 "(see flashqla's docs/perf.md)")
@@ -81,6 +86,11 @@ def _cuda_refusal(q, k, v, use_gate_in_kernel: bool, capability: tuple[int, int]
             return f"its fast path needs 16-byte aligned rows of {name} (base and strides; got strides {x.stride()})"
     if use_gate_in_kernel:
         return "its fused-gate path (use_gate_in_kernel) is not yet timed against FLA's"
+    if cu_seqlens is not None and cu_seqlens_cpu is None:
+        sequences = cu_seqlens.shape[0] - 1
+        if sequences > 1 and sequences * v.shape[-2] < sm_count:
+            return ("without cu_seqlens_cpu it cannot plan sequence pieces for uneven lengths; pass "
+                    "cu_seqlens_cpu (a CPU copy of cu_seqlens)")
     return None
 
 
@@ -118,7 +128,9 @@ def _make_backend():
             q = call["q"]
             if q.is_cuda:
                 refusal = _cuda_refusal(q, call["k"], call["v"], bool(rest.get("use_gate_in_kernel", False)),
-                                        torch.cuda.get_device_capability(q.device))
+                                        torch.cuda.get_device_capability(q.device), call["cu_seqlens"],
+                                        call["cu_seqlens_cpu"],
+                                        torch.cuda.get_device_properties(q.device).multi_processor_count)
                 if refusal is not None:
                     return False, f"flashqla declines: {refusal}"
             return True, None

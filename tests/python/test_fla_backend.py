@@ -384,6 +384,14 @@ def test_cuda_fused_gate_stays_with_fla(beats_fla):
     assert "use_gate_in_kernel" in _fast(use_gate_in_kernel=True)
 
 
+def test_cuda_packed_batches_need_host_lengths_when_pieces_may_cut(beats_fla):
+    cu = torch.tensor([0, 40, 64], dtype=torch.int32)
+    assert "cu_seqlens_cpu" in _fast(cu_seqlens=cu)  # 2 sequences x 4 heads < 132 SMs
+    assert _fast(cu_seqlens=cu, cu_seqlens_cpu=cu) is None
+    assert _fast(cu_seqlens=cu, sm_count=8) is None  # chains fill the GPU: no pieces
+    assert _fast(cu_seqlens=torch.tensor([0, 64], dtype=torch.int32)) is None  # one sequence: its length is T
+
+
 def test_cuda_declined_while_not_faster(monkeypatch):
     monkeypatch.setattr(flashqla._library, "CUDA_FORWARD_BEATS_FLA", False)
     assert "not yet faster" in _fast()
