@@ -187,7 +187,10 @@ def chunk_gated_delta_rule(
             ``2 * sigmoid(beta)``.
         state_v_first: states are ``[.., V, K]``.
         cu_seqlens: ``[N + 1]`` int32/int64 boundaries of packed sequences (B must be 1).
-        cu_seqlens_cpu: a CPU copy of ``cu_seqlens``; lets every check run without a sync.
+        cu_seqlens_cpu: a CPU copy of ``cu_seqlens``; lets every check run without a sync,
+            and on CUDA lets the sequence-piece plan (few sequence-head chains) see the
+            real lengths: without it the plan takes them as equal, which is up to 1.9x
+            slower on very uneven batches (docs/perf.md).
         chunk_indices: accepted for compatibility and unused (flashqla plans on the device).
         cp_context: not supported (``NotImplementedError``).
         **kwargs: FLA's ``chunk_size`` (16/32/64; results do not depend on it),
