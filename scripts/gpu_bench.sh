@@ -6,8 +6,9 @@
 # benchmarks/results/ without $OUT). Needs .whl/ from scripts/prepare_device.sh.
 # FLA's Triton kernels compile on first use, which is most of a fresh machine's
 # run: a compile cache carried as .triton-cache/ is used, and this run's cache
-# goes back as $OUT/triton-cache.tar.gz (when under 16 MiB; unpack it into
-# .triton-cache/ and carry that with the next call).
+# goes back as $OUT/triton-cache.tar.xz.part-aa, -ab, ... (15 MiB pieces, at most
+# four: what a device call hands back; here, cat the pieces | tar -xJ -C
+# .triton-cache, and carry .triton-cache with the next call).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-benchmarks/results}"
@@ -30,8 +31,10 @@ limit=()
 [[ -n "${BENCH_TIME_LIMIT:-}" ]] && limit=(timeout "${BENCH_TIME_LIMIT}")
 "${limit[@]}" python3 benchmarks/bench_fwd.py --rows "${1:-}" --out "${out}/h200.csv"
 bench_rc=$?
-tar -czf "${out}/triton-cache.tar.gz" -C "${TRITON_CACHE_DIR}" . 2>/dev/null
-if [[ $(stat -c %s "${out}/triton-cache.tar.gz" 2>/dev/null || echo 0) -ge $((16 << 20)) ]]; then
-  rm -f "${out}/triton-cache.tar.gz"
+cache_tar=$(mktemp)
+if XZ_OPT=-T0 tar -cJf "${cache_tar}" -C "${TRITON_CACHE_DIR}" . 2>/dev/null \
+    && [[ $(stat -c %s "${cache_tar}") -le $((60 << 20)) ]]; then
+  split -b $((15 << 20)) "${cache_tar}" "${out}/triton-cache.tar.xz.part-"
 fi
+rm -f "${cache_tar}"
 exit "${bench_rc}"

@@ -2,8 +2,9 @@
 # On the GPU machine, the whole check in one call: scripts/gpu_check.sh --quick
 # (build, C++ suite, Python GPU suite, quick benchmark), then, if it passed, the
 # full forward benchmark (scripts/gpu_bench.sh). What comes back in $OUT is kept
-# to five files: h200.csv and h200.json from the benchmark, the check's logs as
-# one archive, the benchmark's log and FLA's Triton compile cache (gpu_bench.sh).
+# to eight files: h200.csv and h200.json from the benchmark, the check's logs as
+# one archive, the benchmark's log and FLA's Triton compile cache in up to four
+# pieces (gpu_bench.sh).
 # Needs third_party/ and .whl/ from scripts/prepare_device.sh, carried with the
 # call (and .triton-cache/ where an earlier run left one).
 set -uo pipefail
@@ -27,6 +28,6 @@ if [[ ${budget} -gt 0 ]]; then
 fi
 OUT="${bench}" bash scripts/gpu_bench.sh "$@" > "${out}/bench.log" 2>&1
 bench_rc=$?
-cp "${bench}"/h200.csv "${bench}"/h200.json "${bench}"/triton-cache.tar.gz "${out}/" 2>/dev/null
+cp "${bench}"/h200.csv "${bench}"/h200.json "${bench}"/triton-cache.tar.xz.part-* "${out}/" 2>/dev/null
 tail -n 8 "${out}/bench.log"
 exit "${bench_rc}"
