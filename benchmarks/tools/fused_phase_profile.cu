@@ -24,7 +24,7 @@ void check(cudaError_t e, const char* what) {
   }
 }
 
-void run(int64_t B, int64_t T, int64_t H, int64_t HV) {
+void run(int64_t B, int64_t T, int64_t H, int64_t HV, bool l2norm = false) {
   using flashqla::cuda::ForwardArgs;
   const int64_t D = 128;
   std::mt19937 rng(1234);
@@ -52,12 +52,14 @@ void run(int64_t B, int64_t T, int64_t H, int64_t HV) {
   a.k = bf16(B * T * H * D, 0.09f), a.k_sb = T * H * D, a.k_st = H * D, a.k_sh = D;
   a.v = bf16(B * T * HV * D, 1.f), a.v_sb = T * HV * D, a.v_st = HV * D, a.v_sh = D;
   a.token_dtype = FLASHQLA_DTYPE_BFLOAT16;
+  a.use_qk_l2norm = l2norm;
   a.g = f32(B * T * HV, -0.1f, -0.001f), a.g_sb = T * HV, a.g_st = HV, a.g_dtype = FLASHQLA_DTYPE_FLOAT32;
   a.beta = f32(B * T * HV, 0.f, 1.f), a.beta_sb = T * HV, a.beta_st = HV, a.beta_dtype = FLASHQLA_DTYPE_FLOAT32;
   void* o;
   check(cudaMalloc(&o, B * T * HV * D * 2), "malloc");
   a.o = o, a.o_sb = T * HV * D, a.o_st = HV * D, a.o_sh = D, a.o_dtype = FLASHQLA_DTYPE_BFLOAT16;
-  std::printf("B=%lld T=%lld H=%lld HV=%lld\n", (long long)B, (long long)T, (long long)H, (long long)HV);
+  std::printf("B=%lld T=%lld H=%lld HV=%lld%s\n", (long long)B, (long long)T, (long long)H, (long long)HV,
+              l2norm ? " l2norm" : "");
 #ifdef FLASHQLA_FUSED_PROFILE
   using flashqla::cuda::kProfileSlots;
   long long cycles[kProfileSlots] = {};
@@ -112,5 +114,6 @@ int main() {
   run(1, 8192, 1, 1);
   run(2, 1000, 1, 2);
   run(4, 8192, 16, 64);
+  run(2, 1000, 1, 2, true);  // the rows' preparation in the producer (q/k l2norm, a partial last chunk)
   return 0;
 }
