@@ -45,3 +45,5 @@ for dir in versions/*/; do
     timeout 60 "/tmp/state_${name}" 2>&1 | grep -E "state:|us per chunk" | head -n 2
   fi
 done | tee "${out}/compare.txt"
+echo
+python3 scripts/lib/compare_summary.py "${out}/compare.txt" | tee "${out}/summary.md"

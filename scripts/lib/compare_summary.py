@@ -1,0 +1,56 @@
+"""Summary table of scripts/gpu_compare_versions.sh's output (compare.txt): per
+version, the timed cases (µs a chunk of one CTA's chain, or ms for the
+throughput case), the largest relative difference to the simple kernel, and each
+side alone."""
+
+import re
+import sys
+
+
+def main(path):
+    versions = []
+    current = None
+    section = "timing"
+    case = None
+    for line in open(path, encoding="utf-8"):
+        if line.startswith("=== "):
+            name = line[4:].split(":", 1)[0]
+            current = {"name": name, "cases": {}, "diff": None, "producer": "-", "state": "-"}
+            versions.append(current)
+            section, case = "timing", None
+            continue
+        if current is None:
+            continue
+        if line.strip() == "producer alone:":
+            section = "producer"
+            continue
+        if line.strip() == "state alone:":
+            section = "state"
+            continue
+        if line.startswith("B="):
+            case = line.strip()
+            continue
+        m = re.search(r"([0-9.]+) ms, ([0-9.]+) us per chunk", line)
+        if m:
+            if section == "timing" and case is not None:
+                value = f"{m.group(1)} ms" if "HV=64" in case else f"{m.group(2)} µs"
+                current["cases"][case] = value
+            elif section in ("producer", "state"):
+                current[section] = f"{m.group(2)} µs"
+            continue
+        m = re.search(r"relative difference to the simple kernel: ([0-9.e+-]+)", line)
+        if m:
+            current["diff"] = max(current["diff"] or 0.0, float(m.group(1)))
+    cases = []
+    for v in versions:
+        cases += [c for c in v["cases"] if c not in cases]
+    print("| version | " + " | ".join(cases) + " | max rel. diff | producer alone | state alone |")
+    print("|---" * (len(cases) + 4) + "|")
+    for v in versions:
+        cells = [v["cases"].get(c, "-") for c in cases]
+        diff = "-" if v["diff"] is None else f"{v['diff']:.2e}"
+        print(f"| {v['name']} | " + " | ".join(cells) + f" | {diff} | {v['producer']} | {v['state']} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
