@@ -15,6 +15,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cute/arch/mma_sm90.hpp>
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 
@@ -61,58 +62,33 @@ __device__ __forceinline__ uint64_t mnmajor_desc(const mma::ColumnBlockTile<T, k
   return make_desc(tile.at(k0, mn0), 128, kRows * 16);
 }
 
-// The instruction for 16-bit T, N columns and B's major-ness (A: registers).
-template <typename T, int N, cute::SM90::GMMA::Major B>
-struct Op;
-template <cute::SM90::GMMA::Major B>
-struct Op<__nv_bfloat16, 128, B> {
-  using type = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, B>;
+// CuTe's name of a 16-bit element type.
+template <typename T>
+struct CuteElement;
+template <>
+struct CuteElement<__nv_bfloat16> {
+  using type = cute::bfloat16_t;
 };
-template <cute::SM90::GMMA::Major B>
-struct Op<__nv_bfloat16, 64, B> {
-  using type = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, B>;
-};
-template <cute::SM90::GMMA::Major B>
-struct Op<__half, 128, B> {
-  using type = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, B>;
-};
-template <cute::SM90::GMMA::Major B>
-struct Op<__half, 64, B> {
-  using type = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, B>;
+template <>
+struct CuteElement<__half> {
+  using type = cute::half_t;
 };
 
-// The same with A from shared memory too.
+// The m64nNk16 instruction for 16-bit T and fp32 accumulators, as CuTe's
+// selectors name it: A from registers (K-major) or, OpSS, from shared memory.
+template <int N>
+using TileShape = cute::Shape<cute::_64, cute::Int<N>, cute::_16>;
+template <typename T, int N, cute::SM90::GMMA::Major B>
+using Op = decltype(cute::SM90::GMMA::rs_op_selector<typename CuteElement<T>::type, typename CuteElement<T>::type, float,
+                                                     TileShape<N>, cute::SM90::GMMA::Major::K, B>());
 template <typename T, int N, cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
-struct OpSS;
-template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
-struct OpSS<__nv_bfloat16, 128, A, B> {
-  using type = cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<A, B>;
-};
-template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
-struct OpSS<__nv_bfloat16, 64, A, B> {
-  using type = cute::SM90::GMMA::MMA_64x64x16_F32BF16BF16_SS<A, B>;
-};
-template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
-struct OpSS<__half, 128, A, B> {
-  using type = cute::SM90::GMMA::MMA_64x128x16_F32F16F16_SS<A, B>;
-};
-template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
-struct OpSS<__half, 64, A, B> {
-  using type = cute::SM90::GMMA::MMA_64x64x16_F32F16F16_SS<A, B>;
-};
-template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
-struct OpSS<__nv_bfloat16, 32, A, B> {
-  using type = cute::SM90::GMMA::MMA_64x32x16_F32BF16BF16_SS<A, B>;
-};
-template <cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B>
-struct OpSS<__half, 32, A, B> {
-  using type = cute::SM90::GMMA::MMA_64x32x16_F32F16F16_SS<A, B>;
-};
+using OpSS = decltype(cute::SM90::GMMA::ss_op_selector<typename CuteElement<T>::type, typename CuteElement<T>::type,
+                                                       float, TileShape<N>, A, B>());
 
 template <typename T, int N, cute::SM90::GMMA::Major B, size_t... I>
 __device__ __forceinline__ void mma_impl(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[N / 2],
                                          std::index_sequence<I...>) {
-  Op<T, N, B>::type::fma(a[0], a[1], a[2], a[3], desc_b, d[I]...);
+  Op<T, N, B>::fma(a[0], a[1], a[2], a[3], desc_b, d[I]...);
 }
 
 // d += A (64x16, registers) B (16xN, shared memory), N = 64 or 128 (N / 2
@@ -131,7 +107,7 @@ __device__ __forceinline__ void mma_b_mn(const uint32_t (&a)[4], uint64_t desc_b
 template <typename T, int N, cute::SM90::GMMA::Major A, cute::SM90::GMMA::Major B, size_t... I>
 __device__ __forceinline__ void mma_ss_impl(uint64_t desc_a, uint64_t desc_b, float (&d)[N / 2],
                                             std::index_sequence<I...>) {
-  OpSS<T, N, A, B>::type::fma(desc_a, desc_b, d[I]...);
+  OpSS<T, N, A, B>::fma(desc_a, desc_b, d[I]...);
 }
 
 // d += A (64x16) B (16xN), both from shared memory (A: kmajor_desc or
