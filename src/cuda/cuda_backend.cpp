@@ -13,6 +13,7 @@
 #include "cuda/sm90/cu_seqlens_check_sm90.h"
 #include "cuda/sequence_pieces.h"
 #include "cuda/sm90/gdn_fwd_fused_sm90.h"
+#include "cuda/sm90/gdn_fwd_chain_tickets_sm90.h"
 #include "cuda/sm90/gdn_fwd_piece_scan_sm90.h"
 #include "cuda/sm90/gdn_fwd_simple_sm90.h"
 
@@ -129,9 +130,11 @@ bool use_fused_forward(const ForwardArgs& args) { return fused_forward_supports(
 // With fewer (sequence, value head) chains than SMs, sequences may be cut into
 // pieces (sequence_pieces.h): by default where the cost model says that pays,
 // from the sequence lengths when the host knows them (no cu_seqlens, or a host
-// copy given), as if equal otherwise. FLASHQLA_SEQUENCE_PARALLEL=1 cuts
-// whenever the chains are fewer than the SMs, =0 never. FLASHQLA_PIECE_CHUNKS=n
-// fixes the piece length (for tests and tuning).
+// copy given), as if equal otherwise. With at least as many chains as SMs the
+// pieces are chained (one launch, no extra work). FLASHQLA_SEQUENCE_PARALLEL=1
+// cuts whenever it can, =2 chains pieces whatever the chain count (a test of the
+// hand-over), =0 never. FLASHQLA_PIECE_CHUNKS=n fixes the piece length (for
+// tests and tuning).
 int64_t env_int(const char* name, int64_t fallback) {
   const char* v = std::getenv(name);
   return v != nullptr && *v != '\0' ? std::strtoll(v, nullptr, 10) : fallback;
@@ -155,8 +158,18 @@ PiecePlan plan_pieces(const Problem& pr, const ForwardArgs& args) {
                               env_int("FLASHQLA_PIECE_CHUNKS", 0));
 }
 
+// Piece passes: kPieceStateKinds states a piece slot and value head. Chained
+// pieces: one state a chain, then the ticket and the chains' counters.
 size_t piece_state_bytes(const Problem& pr, const PiecePlan& plan) {
+  if (plan.chained) return static_cast<size_t>(pr.N * pr.HV * pr.K * pr.V) * sizeof(float);
   return static_cast<size_t>(plan.slots * pr.HV * kPieceStateKinds * pr.K * pr.V) * sizeof(float);
+}
+// Chained pieces: the ticket table, then the ticket and the chains' counters.
+size_t chain_ticket_bytes(const Problem& pr, const PiecePlan& plan) {
+  return plan.chained ? static_cast<size_t>(plan.slots * pr.HV) * sizeof(int2) : 0;
+}
+size_t chain_counter_bytes(const Problem& pr, const PiecePlan& plan) {
+  return plan.chained ? static_cast<size_t>(1 + pr.N * pr.HV) * sizeof(unsigned) : 0;
 }
 
 // q, k and v share one dtype on the GPU (the kernels load them alike).
@@ -173,7 +186,10 @@ void require_shared_token_dtype(const flashqla_gdn_fwd_params_t& p, const char* 
 size_t forward_workspace_bytes(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
   const PiecePlan plan = plan_pieces(pr, forward_args(pr, p));
   // [debug check word][piece states]; the piece states start at kCuSeqlensCheckBytes.
-  if (plan.chunks > 0) return kCuSeqlensCheckBytes + piece_state_bytes(pr, plan);
+  if (plan.chunks > 0) {
+    return kCuSeqlensCheckBytes + piece_state_bytes(pr, plan) + chain_ticket_bytes(pr, plan) +
+           chain_counter_bytes(pr, plan);
+  }
   return pr.debug_check_cu_seqlens ? kCuSeqlensCheckBytes : 0;
 }
 
@@ -201,6 +217,17 @@ void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
     args.piece_chunks = plan.chunks;
     args.piece_slots = plan.slots;
     args.piece_states = reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) + kCuSeqlensCheckBytes);
+    if (plan.chained) {
+      // The ticket table and zeroed counters, then one launch of the pieces.
+      unsigned char* const tickets = static_cast<unsigned char*>(p.workspace) + kCuSeqlensCheckBytes +
+                                     piece_state_bytes(pr, plan);
+      args.chain_tickets = reinterpret_cast<int2*>(tickets);
+      args.chain_counters = reinterpret_cast<unsigned*>(tickets + chain_ticket_bytes(pr, plan));
+      args.piece_pass = kChainedPieces;
+      check_cuda(launch_gdn_fwd_chain_tickets(args, p.stream), entry, "chained pieces' ticket table launch");
+      check_cuda(launch_gdn_fwd_fused(args, p.stream), entry, "fused forward kernel launch (chained pieces)");
+      return;
+    }
     args.programmatic_output_pass = env_int("FLASHQLA_PROGRAMMATIC_LAUNCH", 1) != 0;
     args.piece_pass = kPiecePartials;
     check_cuda(launch_gdn_fwd_fused(args, p.stream), entry, "fused forward kernel launch (piece partials)");

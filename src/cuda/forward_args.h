@@ -17,7 +17,9 @@ namespace flashqla::cuda {
 // a zero start (piece 0: from the true initial state) and its transition matrix
 // (the same recurrence from the identity with v = 0), the scan chains them into
 // each piece's true start state, and the output pass reruns every piece from it.
-enum ForwardPass : int { kWholeSequences = 0, kPiecePartials = 1, kPieceOutputs = 2 };
+// Chained pieces (many chains) are one launch: a CTA a piece, each starting from
+// the end state its predecessor left in the workspace (forward_work_item.cuh).
+enum ForwardPass : int { kWholeSequences = 0, kPiecePartials = 1, kPieceOutputs = 2, kChainedPieces = 3 };
 // The per-piece states in ForwardArgs::piece_states: [slot][HV][kind][K][V] fp32.
 enum PieceState : int { kPieceLocal = 0, kPieceTransition = 1, kPieceStart = 2, kPieceStateKinds = 3 };
 
@@ -47,6 +49,10 @@ struct ForwardArgs {
   int64_t piece_chunks;   // chunks per piece
   int64_t piece_slots;    // piece slots per value head: an upper bound on the pieces of all sequences
   float* piece_states;    // workspace, [piece_slots][HV][kPieceStateKinds][K][V]; the transition stored transposed
+                          // (chained pieces: [N][HV][K][V], a chain's latest end state)
+  unsigned* chain_counters;  // chained pieces: [0] the next ticket, [1 + n HV + hv] the chain's pieces done;
+                             // zeroed before the launch
+  int2* chain_tickets;       // chained pieces: [piece_slots HV] (place in its round, round); round -1: none
   // The output pass as a programmatic dependent launch of the scan: its producer
   // loads and prepares the first chunks while the scan runs.
   bool programmatic_output_pass;

@@ -189,6 +189,33 @@ struct GpuFwdConfig {
   int64_t row_pad = 0;
   // Whether the fused kernel covers the shape (else the simple kernel runs).
   bool fused = true;
+  // The piece plan forced for this case (FLASHQLA_SEQUENCE_PARALLEL,
+  // FLASHQLA_PIECE_CHUNKS); empty: the default plan.
+  std::string sequence_parallel, piece_chunks;
+};
+
+// Sets (or, with an empty value, leaves unset) an environment variable for a
+// scope, restoring the previous state after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    if (!value.empty()) setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
 };
 
 // The kernel a GpuForward case must run: the fused one where it covers the
@@ -259,6 +286,8 @@ TEST_P(GpuForward, MatchesCpuOracle) {
   for (size_t i = 0; i < dev.size(); ++i) *slots[i] = dev[i]->desc;
   if (!f.h0) p.initial_state = flashqla_tensor_t{};
   if (f.cu_seqlens.empty()) p.cu_seqlens = flashqla_tensor_t{};
+  const ScopedEnv sequence_parallel("FLASHQLA_SEQUENCE_PARALLEL", f.sequence_parallel);
+  const ScopedEnv piece_chunks("FLASHQLA_PIECE_CHUNKS", f.piece_chunks);
 
   // Workspace as the size query reports it (sequence pieces need one).
   size_t ws_bytes = 0;
@@ -369,6 +398,24 @@ std::vector<GpuFwdConfig> gpu_forward_configs() {
   f.name = "K256_V256";
   f.K = f.V = 256;
   v.push_back(f);
+  // Sequence pieces, forced: the two piece passes, and chained pieces (one
+  // launch, each piece from its predecessor's end state) with several rounds.
+  for (const char* mode : {"1", "2"}) {
+    GpuFwdConfig p;
+    p.name = std::string(mode[0] == '1' ? "piece_passes" : "chained_pieces") + "_len1000";
+    p.B = 2;
+    p.T = 1000;
+    p.HV = 4;
+    p.sequence_parallel = mode;
+    p.piece_chunks = "2";
+    v.push_back(p);
+    p.name = std::string(mode[0] == '1' ? "piece_passes" : "chained_pieces") + "_varlen_with_empty";
+    p.B = 1;
+    p.T = 0;
+    p.cu_seqlens = {0, 0, 1, 64, 64, 129, 1000, 1000, 1200};
+    p.v_first = true;
+    v.push_back(p);
+  }
   return v;
 }
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
+#include <queue>
 #include <random>
 #include <vector>
 
@@ -56,7 +58,7 @@ TEST(SequencePieces, SlotsBoundThePiecesOfAnyLengths) {
     const auto pl = plan(T, planned_lengths, HV, varlen, trial % 3 != 0, trial % 5 == 0 ? 1 : -1);
     if (pl.chunks == 0) continue;
     ++planned;
-    EXPECT_LT(N * HV, kSms);
+    if (!pl.chained) EXPECT_LT(N * HV, kSms);
     EXPECT_GE(pl.chunks, flashqla::cuda::kMinPieceChunks);
     const std::vector<int64_t> lengths = varlen ? random_lengths(rng, T, N) : planned_lengths;
     int64_t pieces = 0;
@@ -74,10 +76,103 @@ TEST(SequencePieces, SlotsBoundThePiecesOfAnyLengths) {
 
 TEST(SequencePieces, WholeSequencesWhenTheChainsFillTheGpuOrNothingCanBeCut) {
   EXPECT_EQ(plan(1 << 15, {1 << 15, 1 << 15, 1 << 15, 1 << 15}, 64, false, true).chunks, 0);  // 256 chains
+  EXPECT_EQ(plan(1 << 13, std::vector<int64_t>(4, 1 << 13), 33, false, true).chunks, 0);     // 132 chains
   EXPECT_EQ(plan(512, {512}, 8, false, true).chunks, 0);                                       // 8 chunks
   EXPECT_EQ(plan(1 << 15, {1 << 15}, 8, false, true, 0).chunks, 0);                            // switched off
   EXPECT_EQ(plan_sequence_pieces(1 << 15, 1, 8, false, nullptr, 0, -1, 0).chunks, 0);          // no SM count
   EXPECT_EQ(plan(1 << 15, {1 << 15}, 64, true, true).chunks, 0);  // 64 chains: the extra passes cost more
+}
+
+TEST(SequencePieces, ChainedWhenTheLastWaveIsPartlyIdle) {
+  // 27B TP1, 8192 x 4 at 48 value heads: 192 chains of 128 chunks on 132 SMs
+  // take two waves whole; cut in two and chained, three waves of half length.
+  const auto pl = plan(8192, std::vector<int64_t>(4, 8192), 48, false, true);
+  EXPECT_TRUE(pl.chained);
+  EXPECT_EQ(pl.chunks, 64);
+  const std::vector<int64_t> c(4, 128);
+  const double whole = flashqla::cuda::estimated_chained_time(c.data(), 4, 48, kSms, 128);
+  const double cut = flashqla::cuda::estimated_chained_time(c.data(), 4, 48, kSms, 64);
+  EXPECT_DOUBLE_EQ(whole, 2 * (128 + flashqla::cuda::kCtaStartChunks));
+  EXPECT_DOUBLE_EQ(cut, 3 * (64 + flashqla::cuda::kCtaStartChunks));
+  // The GPU suite's default-plan cases (test_gpu.py) chain on 132 SMs.
+  EXPECT_TRUE(plan(2048, std::vector<int64_t>(4, 2048), 48, false, true).chained);
+  EXPECT_TRUE(plan(8192, {2048, 0, 952, 2000, 3192}, 48, true, true).chained);
+  // Varlen with the lengths unknown plans them as equal; the mode switches.
+  EXPECT_TRUE(plan(4 * 8192, std::vector<int64_t>(4, 8192), 48, true, false).chained);
+  EXPECT_EQ(plan(8192, std::vector<int64_t>(4, 8192), 48, false, true, 0).chunks, 0);
+  const auto forced = plan(300, {300}, 2, false, true, 2, 2);  // chained although 2 chains
+  EXPECT_TRUE(forced.chained);
+  EXPECT_EQ(forced.chunks, 2);
+  EXPECT_FALSE(plan(300, {300}, 2, false, true, 1, 2).chained);
+  // Chained pieces rank varlen sequences on the device: at most 512 of them.
+  EXPECT_EQ(plan(600 * 64, std::vector<int64_t>(600, 64), 1, true, true, 2, 4).chunks, 0);
+}
+
+// The chained schedule CTA by CTA: a free SM takes the next ticket and holds it
+// until its predecessor's end state is there and the piece is done.
+double greedy_chained_time(std::vector<int64_t> chunks, int64_t HV, int64_t sms, int64_t L) {
+  std::sort(chunks.begin(), chunks.end(), std::greater<int64_t>());
+  std::priority_queue<double, std::vector<double>, std::greater<double>> free_at;
+  for (int64_t s = 0; s < sms; ++s) free_at.push(0.0);
+  std::vector<double> done(chunks.size() * size_t(HV), 0.0);
+  double end = 0;
+  for (int64_t j = 0;; ++j) {
+    bool any = false;
+    for (size_t r = 0; r < chunks.size(); ++r) {
+      if (j >= std::max<int64_t>(1, (chunks[r] + L - 1) / L)) continue;
+      any = true;
+      const double length = double(std::min(L, chunks[r] - j * L)) + flashqla::cuda::kCtaStartChunks;
+      for (int64_t h = 0; h < HV; ++h) {
+        double& chain = done[r * size_t(HV) + size_t(h)];
+        chain = std::max(free_at.top(), chain) + length;
+        free_at.pop();
+        free_at.push(chain);
+        end = std::max(end, chain);
+      }
+    }
+    if (!any) return end;
+  }
+}
+
+TEST(SequencePieces, ChainedEstimateFollowsTheCtaByCtaSchedule) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t N = 1 + rng() % 8, HV = 8 + rng() % 64;
+    const auto ch = chunks_of(random_lengths(rng, 64 + rng() % 40000, N));
+    for (int64_t L : {4, 16, 64, 1000}) {
+      const double greedy = greedy_chained_time(ch, HV, kSms, L);
+      EXPECT_NEAR(flashqla::cuda::estimated_chained_time(ch.data(), N, HV, kSms, L), greedy, 1e-9 * greedy)
+          << "N=" << N << " HV=" << HV << " L=" << L;
+    }
+  }
+}
+
+TEST(SequencePieces, ChainedScheduleWaitsForThePredecessor) {
+  // One chain of 3 pieces on many SMs: the pieces run one after another.
+  const std::vector<int64_t> c{12};
+  EXPECT_DOUBLE_EQ(flashqla::cuda::estimated_chained_time(c.data(), 1, 1, kSms, 4),
+                   3 * (4 + flashqla::cuda::kCtaStartChunks));
+  // Never below the work's share of an SM, and a chained plan is only taken
+  // where the model finds it 5% faster than whole sequences.
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int64_t N = 1 + rng() % 8, HV = 16 + rng() % 64;
+    const auto lengths = random_lengths(rng, 64 + rng() % 40000, N);
+    int64_t T = 0;
+    for (int64_t len : lengths) T += len;
+    const auto ch = chunks_of(lengths);
+    double work = 0;
+    int64_t longest = 0;
+    for (int64_t x : ch) work += double(x) * double(HV), longest = std::max(longest, x);
+    for (int64_t L : {4, 16, 64}) {
+      EXPECT_GE(flashqla::cuda::estimated_chained_time(ch.data(), N, HV, kSms, L) + 1e-9, work / kSms);
+    }
+    const auto pl = plan(T, lengths, HV, true, true);
+    if (!pl.chained || longest == 0) continue;
+    EXPECT_GE(N * HV, kSms);
+    EXPECT_LT(flashqla::cuda::estimated_chained_time(ch.data(), N, HV, kSms, pl.chunks),
+              0.95 * flashqla::cuda::estimated_chained_time(ch.data(), N, HV, kSms, longest) + 1e-9);
+  }
 }
 
 TEST(SequencePieces, ForcedPieceLengthAndEmptySequences) {

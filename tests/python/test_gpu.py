@@ -136,27 +136,53 @@ SEQUENCE_PIECE_CASES = {
 }
 
 
+@pytest.mark.parametrize("mode", ["1", "2"], ids=["piece_passes", "chained"])
 @pytest.mark.parametrize("piece_chunks", ["", "2"])
 @pytest.mark.parametrize("name", list(SEQUENCE_PIECE_CASES))
-def test_sequence_pieces_match_oracle(monkeypatch, name, piece_chunks):
-    """Intra-card sequence parallelism (few chains): the same results as whole sequences,
-    up to rounding, and the oracle's."""
+def test_sequence_pieces_match_oracle(monkeypatch, name, piece_chunks, mode):
+    """Intra-card sequence parallelism, forced on few chains: the same results as whole
+    sequences (bitwise for chained pieces, which only hand the fp32 state over; up to
+    rounding for the piece passes) and the oracle's."""
     spec = dict(SEQUENCE_PIECE_CASES[name])
     state_v_first = spec.get("state_v_first", False)
     x = make_inputs(dtype=torch.bfloat16, device="cuda", seed=5, **spec)
     monkeypatch.setenv("FLASHQLA_SEQUENCE_PARALLEL", "0")
     whole = flashqla.chunk_gated_delta_rule(**x, output_final_state=True, state_v_first=state_v_first)
-    monkeypatch.setenv("FLASHQLA_SEQUENCE_PARALLEL", "1")
+    monkeypatch.setenv("FLASHQLA_SEQUENCE_PARALLEL", mode)
     monkeypatch.setenv("FLASHQLA_PIECE_CHUNKS", piece_chunks)
     o, ht = flashqla.chunk_gated_delta_rule(**x, output_final_state=True, state_v_first=state_v_first)
     ref_o, ref_ht = _oracle(x, state_v_first=state_v_first)
     assert rel_error(o, ref_o) <= 5e-3 and rel_error(ht, ref_ht) <= 5e-3, name
     assert rel_error(o, whole[0]) <= 5e-3 and rel_error(ht, whole[1]) <= 5e-3, name
+    if mode == "2":
+        assert torch.equal(o, whole[0]) and torch.equal(ht, whole[1]), name
 
 
-def test_cuda_graph_replay_with_sequence_pieces(monkeypatch):
-    """The piece plan uses only shapes; the pieces come from cu_seqlens on the device."""
-    monkeypatch.setenv("FLASHQLA_SEQUENCE_PARALLEL", "1")
+@pytest.mark.parametrize("spec", [dict(B=4, T=2048, H=16, HV=48),
+                                  dict(cu_seqlens=[0, 2048, 2048, 3000, 5000, 8192], H=16, HV=48)],
+                         ids=["27B_2048x4", "varlen_240_chains"])
+def test_chained_pieces_by_default_equal_whole_sequences(monkeypatch, spec):
+    """With more chains than SMs but a partly idle last wave, the default plan chains
+    pieces (on 132 SMs it does for both shapes: test_sequence_pieces.cpp); the results are
+    bitwise those of whole sequences (which the oracle checks)."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    chains = spec.get("B", len(spec.get("cu_seqlens", [0, 0])) - 1) * spec["HV"]
+    if chains < sms:
+        pytest.skip(f"{chains} chains do not fill this GPU's {sms} SMs")
+    x = make_inputs(dtype=torch.bfloat16, device="cuda", seed=9, K=128, V=128, **spec)
+    if "cu_seqlens" in spec:
+        x["cu_seqlens_cpu"] = x["cu_seqlens"].cpu()
+    o, ht = flashqla.chunk_gated_delta_rule(**x, output_final_state=True)
+    monkeypatch.setenv("FLASHQLA_SEQUENCE_PARALLEL", "0")
+    whole_o, whole_ht = flashqla.chunk_gated_delta_rule(**x, output_final_state=True)
+    assert torch.equal(o, whole_o) and torch.equal(ht, whole_ht)
+
+
+@pytest.mark.parametrize("mode", ["1", "2"], ids=["piece_passes", "chained"])
+def test_cuda_graph_replay_with_sequence_pieces(monkeypatch, mode):
+    """The piece plan uses only shapes; the pieces (and the chained tickets) come from
+    cu_seqlens on the device."""
+    monkeypatch.setenv("FLASHQLA_SEQUENCE_PARALLEL", mode)
     monkeypatch.setenv("FLASHQLA_PIECE_CHUNKS", "2")
     _check_graph_replay(HV=2, cu_variants=([0, 1024, 1024, 1024], [0, 1, 2, 1024], [0, 512, 512, 1024]))
 

@@ -17,6 +17,22 @@ namespace flashqla::cuda {
 __device__ __forceinline__ void wait_for_prerequisite_grids() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void allow_dependent_grids() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
+// Chained pieces' hand-over through a counter in global memory: the waiting
+// threads read it with acquire semantics (their later loads see what was stored
+// before the release), the signalling thread raises it with release semantics
+// after a barrier that follows every writer's fence.
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void wait_until_at_least(const unsigned* counter, unsigned n) {
+  while (load_acquire(counter) < n) __nanosleep(100);
+}
+__device__ __forceinline__ void add_release(unsigned* p, unsigned x) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(x) : "memory");
+}
+
 __device__ __forceinline__ float load_float(const void* p, flashqla_dtype_t dtype, int64_t i) {
   switch (dtype) {
     case FLASHQLA_DTYPE_BFLOAT16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);

@@ -34,6 +34,15 @@ struct StateTarget {
   __device__ void store(int x, int c, float value) const { store_float(ptr, dtype, base + x * sx + c * sc, value); }
 };
 
+// Chained pieces: the chain's counter of pieces done. The state warpgroups wait
+// until it reaches `wait_for` before they read the start state, and with
+// `signal` raise it once the end state is stored.
+struct ChainLink {
+  unsigned* counter = nullptr;  // nullptr: not a chained piece
+  unsigned wait_for = 0;
+  bool signal = false;
+};
+
 struct WorkItem {
   bool valid = false;
   int64_t n = 0, hv = 0;
@@ -42,6 +51,7 @@ struct WorkItem {
   bool read_v = true, write_o = true;
   StateSource init;
   StateTarget final_state;
+  ChainLink link;
 };
 
 constexpr int kWorkItemChunk = static_cast<int>(kPieceChunkTokens);
@@ -121,23 +131,70 @@ __device__ __forceinline__ int64_t piece_state_base(const ForwardArgs& a, int64_
 inline int64_t work_item_count(const ForwardArgs& a) {
   switch (a.piece_pass) {
     case kPiecePartials: return a.piece_slots * a.HV * 2;
-    case kPieceOutputs: return a.piece_slots * a.HV;
+    case kPieceOutputs:
+    case kChainedPieces: return a.piece_slots * a.HV;
     default: return a.N * a.HV;
   }
+}
+
+static_assert(kMaxChainedSequences == kMaxRankedSequences, "the chained plan relies on the device ranking");
+
+// A chain's latest end state in the chained pieces' workspace.
+__device__ __forceinline__ int64_t chain_state_base(const ForwardArgs& a, int64_t n, int64_t hv) {
+  return (n * a.HV + hv) * a.K * a.V;
+}
+
+// Chained pieces: CTAs take tickets from a counter, in launch-independent
+// order, so a CTA only ever waits for CTAs that hold a smaller ticket and are
+// running or done (no deadlock whatever order the hardware starts CTAs in). The
+// ticket table (gdn_fwd_chain_tickets_sm90.cu) goes round by round: round j is
+// piece j of every sequence with more than j pieces, ranked longest first (those
+// are the first ranks), value head fastest. A piece starts from the end state its
+// predecessor (one round earlier) stored. Sets `t` to the ticket's place in its
+// round and `j` to the round; false past the last ticket.
+__device__ inline bool take_chained_ticket(const ForwardArgs& a, int64_t* scratch, int64_t& t, int64_t& j) {
+  if (threadIdx.x == 0) scratch[kMaxRankedSequences] = atomicAdd(a.chain_counters, 1u);
+  __syncthreads();
+  const int2 e = a.chain_tickets[scratch[kMaxRankedSequences]];
+  __syncthreads();  // read by all before the ranking reuses scratch
+  t = e.x, j = e.y;
+  return e.y >= 0;
 }
 
 // The work item of CTA `block`. All threads of the CTA call it with the same
 // arguments (the whole-sequence ranking synchronises the CTA).
 __device__ inline WorkItem resolve_work_item(const ForwardArgs& a, int64_t block, int64_t* scratch) {
   WorkItem w;
-  if (a.piece_pass == kWholeSequences) {
+  if (a.piece_pass == kWholeSequences || a.piece_pass == kChainedPieces) {
+    // Whole sequences: one round, ticket = block.
+    const bool chained = a.piece_pass == kChainedPieces;
+    int64_t t = block, j = 0;
+    if (chained && !take_chained_ticket(a, scratch, t, j)) return w;
     w.valid = true;
-    w.hv = block % a.HV;
-    w.n = sequence_of_rank(a, block / a.HV, scratch);
+    w.hv = t % a.HV;
+    w.n = sequence_of_rank(a, t / a.HV, scratch);
     w.seq = sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, w.n);
     w.chunk_end = chunk_count(w.seq);
     w.init = user_initial_state(a, w.n, w.hv);
     w.final_state = user_final_state(a, w.n, w.hv);
+    if (!chained) return w;
+    const int64_t pieces = piece_count(a, w.seq);
+    w.chunk_begin = j * a.piece_chunks;
+    w.chunk_end = min64(w.chunk_end, (j + 1) * a.piece_chunks);
+    w.link.counter = a.chain_counters + 1 + w.n * a.HV + w.hv;
+    w.link.wait_for = unsigned(j);
+    w.link.signal = j + 1 < pieces;
+    if (j > 0) {
+      w.init.mode = StateSource::kLoad;
+      w.init.ptr = a.piece_states, w.init.dtype = FLASHQLA_DTYPE_FLOAT32;
+      w.init.base = chain_state_base(a, w.n, w.hv);
+      w.init.sx = a.V, w.init.sc = 1;
+    }
+    if (w.link.signal) {
+      w.final_state.ptr = a.piece_states, w.final_state.dtype = FLASHQLA_DTYPE_FLOAT32;
+      w.final_state.base = chain_state_base(a, w.n, w.hv);
+      w.final_state.sx = a.V, w.final_state.sc = 1;
+    }
     return w;
   }
   const bool partials = a.piece_pass == kPiecePartials;

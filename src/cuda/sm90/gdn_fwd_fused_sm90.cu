@@ -89,9 +89,10 @@ constexpr int kOffT = kOffTb + 2 * kTile64;
 constexpr int kOffGate = kOffT + kTileF;
 constexpr int kGateFloats = (3 * kKStages + 2) * kChunk;  // γ, e^γ, e^{γ_C − γ} as q/k, β two stages
 // The item's final-state target, whether it writes O and O's first row, parked
-// here by the state warpgroups for the chunk loop (registers fewer at its peak).
+// here by the state warpgroups for the chunk loop (registers fewer at its peak),
+// and a chained piece's counters (to raise at the end, to wait for at the start).
 constexpr int kOffFinal = kOffGate + kGateFloats * 4;
-constexpr int kOffBar = kOffFinal + 64;  // mbarriers: k stages, then q/v stages
+constexpr int kOffBar = kOffFinal + 80;  // mbarriers: k stages, then q/v stages
 constexpr int kSmemBytes = kOffBar + (kKStages + 2) * 8;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits in T's tile");
@@ -205,9 +206,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The loads' completion: one barrier a k stage, one a q/v stage.
   uint64_t* const bar_k = reinterpret_cast<uint64_t*>(smem + kOffBar);  // q and k of a stage
   uint64_t* const bar_qv = bar_k + kKStages;                               // v of a stage
+  // A chained piece's counters, parked for the state warpgroups (kept out of
+  // registers across the producer's part).
+  unsigned* volatile* const sm_signal = reinterpret_cast<unsigned**>(smem + kOffFinal + 56);
+  unsigned* volatile* const sm_wait = reinterpret_cast<unsigned**>(smem + kOffFinal + 64);
+  volatile unsigned* const sm_wait_for = reinterpret_cast<unsigned*>(smem + kOffFinal + 72);
   if (tid == 0) {
     for (int i = 0; i < kKStages + 2; ++i) tma::barrier_init(bar_k + i, 1);
     tma::fence_barrier_init();
+    *sm_signal = item.link.signal ? item.link.counter : nullptr;
+    *sm_wait = item.link.wait_for > 0 ? item.link.counter : nullptr;
+    *sm_wait_for = item.link.wait_for;
   }
   __syncthreads();
 
@@ -576,6 +585,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // running (programmatic dependent launch); no-op in any other launch. Only the
   // state warpgroups read what an earlier grid of the forward wrote.
   wait_for_prerequisite_grids();
+  // A chained piece's start state is its predecessor's end state.
+  if (unsigned* const wait = *sm_wait; wait != nullptr) wait_until_at_least(wait, *sm_wait_for);
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int v = v0 + 16 * wr + g + ((i >> 1) & 1) * 8, k = 8 * (i >> 2) + 2 * t4 + (i & 1);
@@ -781,6 +792,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int v = v0 + 16 * wr + g + ((i >> 1) & 1) * 8, k = 8 * (i >> 2) + 2 * t4 + (i & 1);
       final_state.store(k, v, s_acc[i]);
     }
+  }
+  unsigned* const signal = *sm_signal;
+  if (signal != nullptr) {
+    __threadfence();
+    named_sync(kBarState, kStateThreads);  // every state thread's stores fenced
+    if (tid == 0) add_release(signal, 1u);
   }
 }
 
