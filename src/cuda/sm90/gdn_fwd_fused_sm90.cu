@@ -1,5 +1,7 @@
 #include "cuda/sm90/gdn_fwd_fused_sm90.h"
 
+#include <type_traits>
+
 #include "core/trace.h"
 #include "cuda/fused_forward_support.h"
 #include "cuda/sm90/device_common.cuh"
@@ -410,27 +412,50 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float b_row[2] = {bet[16 * pwarp + g], bet[16 * pwarp + g + 8]};
         wgmma::wait<0>();
         wgmma::fence_operands(acc);
+        // The epilogue, the same work for every warp: its 16 rows of its 32x32
+        // diagonal block, transposed into T's (inverted there in place; the
+        // substitution reads them so, conflict-free), and a quarter of the block
+        // below, A_10 (A's rows 32.., columns ..31), into T's unused block above
+        // the diagonal (A_10[r][c] at tt[r kLdF + 32 + c]). K Kᵀ is symmetric, so
+        // warps 0 and 1 take their quarters from their own rows' columns 32..63
+        // (warp 0: A_10[16..31][0..15], warp 1: A_10[0..15][16..31]); warps 2 and
+        // 3 theirs directly (warp 2: A_10[0..15][0..15], warp 3:
+        // A_10[16..31][16..31]). The rest of the accumulator is never read.
+        auto epilogue = [&](auto diag_tiles, auto quarter_tiles, auto symmetric) {
+          constexpr int kDiag = decltype(diag_tiles)::value, kQuarter = decltype(quarter_tiles)::value;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = 16 * pwarp + g + 8 * half;
+          for (int half = 0; half < 2; ++half) {
+            const int i = 16 * pwarp + g + 8 * half;
 #pragma unroll
-          for (int j = 0; j < kChunk / 8; ++j) {
-            const int col = 8 * j + 2 * t4;
-            // A: β_i e^{γ_i − γ_j}, 0 on and above the diagonal.
-            const float x[2] = {acc[4 * j + 2 * half] * b_row[half] * masked_exp(col < i, g_row[half] - g_col[j].x),
-                                acc[4 * j + 2 * half + 1] * b_row[half] * masked_exp(col + 1 < i, g_row[half] - g_col[j].y)};
-            // The two 32x32 diagonal blocks into T's (inverted there in place),
-            // transposed as the substitution reads them (conflict-free); the
-            // block below, A_10, into T's unused block above the diagonal
-            // (rows 0..31, columns 32..63); the rest is never read.
-            if (j / 4 == pwarp / 2) {
-              tt[col * kLdF + i] = x[0];
-              tt[(col + 1) * kLdF + i] = x[1];
-            } else if (j / 4 < pwarp / 2) {
-              *reinterpret_cast<float2*>(tt + (i - 32) * kLdF + 32 + col) = make_float2(x[0], x[1]);
+            for (int j = kDiag; j < kDiag + 4; ++j) {
+              const int col = 8 * j + 2 * t4;
+              // A: β_i e^{γ_i − γ_j}, 0 on and above the diagonal.
+              tt[col * kLdF + i] = acc[4 * j + 2 * half] * b_row[half] * masked_exp(col < i, g_row[half] - g_col[j].x);
+              tt[(col + 1) * kLdF + i] =
+                  acc[4 * j + 2 * half + 1] * b_row[half] * masked_exp(col + 1 < i, g_row[half] - g_col[j].y);
+            }
+#pragma unroll
+            for (int j = kQuarter; j < kQuarter + 2; ++j) {
+              const int col = 8 * j + 2 * t4;
+              if constexpr (decltype(symmetric)::value) {
+                // (K Kᵀ)[i][col] is A's entry at row col (>= 32 > i), column i.
+                const float2 b_col = *reinterpret_cast<const float2*>(bet + col);
+                tt[(col - 32) * kLdF + 32 + i] = acc[4 * j + 2 * half] * b_col.x * masked_exp(true, g_col[j].x - g_row[half]);
+                tt[(col + 1 - 32) * kLdF + 32 + i] =
+                    acc[4 * j + 2 * half + 1] * b_col.y * masked_exp(true, g_col[j].y - g_row[half]);
+              } else {
+                *reinterpret_cast<float2*>(tt + (i - 32) * kLdF + 32 + col) =
+                    make_float2(acc[4 * j + 2 * half] * b_row[half] * masked_exp(true, g_row[half] - g_col[j].x),
+                                acc[4 * j + 2 * half + 1] * b_row[half] * masked_exp(true, g_row[half] - g_col[j].y));
+              }
             }
           }
-        }
+        };
+        using std::integral_constant;
+        if (pwarp == 0) epilogue(integral_constant<int, 0>{}, integral_constant<int, 6>{}, std::true_type{});
+        else if (pwarp == 1) epilogue(integral_constant<int, 0>{}, integral_constant<int, 4>{}, std::true_type{});
+        else if (pwarp == 2) epilogue(integral_constant<int, 4>{}, integral_constant<int, 0>{}, std::false_type{});
+        else epilogue(integral_constant<int, 4>{}, integral_constant<int, 2>{}, std::false_type{});
       }
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(10);
