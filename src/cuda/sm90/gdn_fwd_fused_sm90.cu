@@ -356,7 +356,32 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::prefetch_map(&maps.v);
       load_qk(0);
     }
+    // K Kᵀ of chunk cc (wgmma m64n64, both operands K-major) into acc, issued a
+    // chunk ahead: at the end of chunk cc − 1's work, so that it runs behind the
+    // hand-over and the wait for a free stage, and chunk cc's epilogue finds it
+    // done. Rows past the end are zeroed (and l2-normalized) first.
+    float acc[kChunk / 2];
+    auto issue_kkt = [&](int64_t cc) {
+      const int Lc = chunk_rows(cc);
+      tma::wait(bar_k + cc % kKStages, uint32_t(cc / kKStages) & 1u);  // Q(cc), K(cc)
+      if (Lc < kChunk || a.use_qk_l2norm) {
+        prepare_rows(k_tile(cc), Lc, a.use_qk_l2norm);
+        prepare_rows(q_tile(cc), Lc, a.use_qk_l2norm);
+        wgmma::fence_shared_for_async();  // Q and K are wgmma operands
+        named_sync(kBarProducer, kProducerThreads);
+      }
+#pragma unroll
+      for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
+      wgmma::fence(acc);
+      const auto kt = k_tile(cc);
+#pragma unroll
+      for (int k = 0; k < kDim / 16; ++k)
+        wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(kt, 16 * k), wgmma::kmajor_desc(kt, 16 * k),
+                                                       acc);
+      wgmma::commit();
+    };
     FUSED_PROFILE_BEGIN();
+    if (n_chunks > 0 && kLoadedChunks > 0) issue_kkt(0);
     for (int64_t c = 0; c < n_chunks + 2; ++c) {
       const int stage = int(c & 1);
       // The state warpgroups release a stage when they finish its chunk.
@@ -375,35 +400,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (c + 1 < n_chunks && c + 1 < kLoadedChunks) load_qk(c + 1);
       }
       const int L = chunk_rows(c);
-      const auto qs = q_tile(c), ks = k_tile(c), vs = stage_tile(sm_v, stage);
+      const auto vs = stage_tile(sm_v, stage);
       float* const gam = sm_gamma + int(c % kKStages) * kChunk;
       float* const bet = sm_beta + stage * kChunk;
       FUSED_PHASE(3);
       FUSED_PHASE(14);
-      tma::wait(bar_k + c % kKStages, uint32_t(c / kKStages) & 1u);  // Q(c), K(c)
-      if (L < kChunk || a.use_qk_l2norm) {
-        prepare_rows(ks, L, a.use_qk_l2norm);
-        prepare_rows(qs, L, a.use_qk_l2norm);
-        wgmma::fence_shared_for_async();  // Q and K are wgmma operands
-      }
-      named_sync(kBarProducer, kProducerThreads);
+      // T's tile is rewritten below: every producer warp has left chunk c − 1
+      // (for c >= 2 the stage barrier above, which every producer thread joins, says so).
+      if (c == 1) named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(9);
 
-      // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32 (wgmma m64n64, both operands
-      // K-major), its epilogue into T's tile. (P = Q Kᵀ ⊙ Γ is the state
+      // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32: K Kᵀ (issued a chunk ahead,
+      // issue_kkt) and its epilogue into T's tile. (P = Q Kᵀ ⊙ Γ is the state
       // warpgroups': they wait for this warpgroup otherwise.)
       float* const tt = sm_t;
       {
-        float acc[kChunk / 2];
-#pragma unroll
-        for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
-        wgmma::fence(acc);
-#pragma unroll
-        for (int k = 0; k < kDim / 16; ++k)
-          wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(ks, 16 * k), wgmma::kmajor_desc(ks, 16 * k),
-                                                         acc);
-        wgmma::commit();
-        // The gates of this thread's rows and columns, read while the wgmmas run.
+        // The gates of this thread's rows and columns, read while the wgmmas finish.
         const int g = lane_again() >> 2, t4 = lane_again() & 3;
         float2 g_col[kChunk / 8];
 #pragma unroll
@@ -569,13 +581,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       FUSED_PHASE(13);
+      // (K(c + 1) was loaded at this chunk's start: landed by now.)
+      if (c + 1 < n_chunks && c + 1 < kLoadedChunks) issue_kkt(c + 1);
 
       wgmma::fence_shared_for_async();  // Tβ is a wgmma operand
       // The chunk is ready: its q, k, v, gates and Tβ.
       named_arrive(kBarChunkReady + stage, kThreads);
       // No barrier here: the next chunk writes T's tile (and the gate vectors'
-      // stages) only after its barrier below the q/k landing, which every warp
-      // reaches only once it has finished this chunk.
+      // stages) only after its stage barrier (its explicit one for chunk 1),
+      // which every warp reaches only once it has finished this chunk.
       FUSED_PHASE(15);
     }
     FUSED_PROFILE_END(0);
@@ -636,13 +650,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int i = wr; i < rows; i += 4)
       *reinterpret_cast<uint32_t*>(o_chunk + i * a.o_st) = *reinterpret_cast<const uint32_t*>(ot + i * kLdO);
   };
-  // Loop-carried scalars kept few (the chunk loop's register peak is step 1):
-  // the tokens left from chunk c on.
+  // Loop-carried scalars kept few (the chunk loop's register peak is step 1).
   const int nc = int(n_chunks);
-  int tokens_left = eos - bos;
   named_sync(kBarState, kStateThreads);  // sm_final, sm_write_o written
   FUSED_PROFILE_BEGIN();
-  for (int c = 0; c < nc; ++c, tokens_left -= kChunk) {
+  for (int c = 0; c < nc; ++c) {
     const int stage = c & 1;
     named_sync(kBarChunkReady + stage, kThreads);
     FUSED_PHASE(0);
@@ -807,7 +819,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     FUSED_PHASE(6);
   }
-  if (nc > 0 && *sm_write_o) store_output_rows(nc - 1, min(kChunk, tokens_left + kChunk));
+  if (nc > 0 && *sm_write_o) store_output_rows(nc - 1, min(kChunk, eos - bos - (nc - 1) * kChunk));
   FUSED_PROFILE_END(n_chunks);
 
   const StateTarget final_state = *sm_final;
