@@ -69,7 +69,8 @@ pip_rc=$?
 pip_s=$((SECONDS - start))
 [[ ${pip_rc} -eq 0 ]] || tail -n 40 "${out}/pip-install.log"
 start=${SECONDS}
-${py} -m pytest -q -rs -p no:cacheprovider "${pytest_select[@]}" tests/python > "${out}/pytest.log" 2>&1
+# A bound, so that a kernel that hangs fails the check instead of the whole device call.
+timeout 300 ${py} -m pytest -q -rs -p no:cacheprovider "${pytest_select[@]}" tests/python > "${out}/pytest.log" 2>&1
 pytest_rc=$?
 pytest_s=$((SECONDS - start))
 grep -E "^(FAILED|ERROR|SKIPPED)" "${out}/pytest.log" | head -n 30

@@ -26,8 +26,21 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// A wait that outlasts any piece by far (a broken hand-over) traps: the launch
+// fails with an error instead of hanging the stream.
+constexpr uint64_t kChainWaitLimitNs = 60ull * 1000 * 1000 * 1000;
+__device__ __forceinline__ uint64_t global_timer_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 __device__ __forceinline__ void wait_until_at_least(const unsigned* counter, unsigned n) {
-  while (load_acquire(counter) < n) __nanosleep(100);
+  if (load_acquire(counter) >= n) return;
+  const uint64_t start = global_timer_ns();
+  while (load_acquire(counter) < n) {
+    __nanosleep(200);
+    if (global_timer_ns() - start > kChainWaitLimitNs) __trap();
+  }
 }
 __device__ __forceinline__ void add_release(unsigned* p, unsigned x) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(x) : "memory");
