@@ -5,10 +5,11 @@
 # expression on "model,seqlens"). Writes h200.csv and h200.json to $OUT (or
 # benchmarks/results/ without $OUT). Needs .whl/ from scripts/prepare_device.sh.
 # FLA's Triton kernels compile on first use, which is most of a fresh machine's
-# run: a compile cache carried as .triton-cache/ is used, and this run's cache
-# goes back as $OUT/triton-cache.tar.xz.part-aa, -ab, ... (15 MiB pieces, at most
-# four: what a device call hands back; here, cat the pieces | tar -xJ -C
-# .triton-cache, and carry .triton-cache with the next call).
+# run: a compile cache carried as .triton-cache.tar.xz is used (scripts/lib/
+# triton_cache.sh), and this run's cache goes back as
+# $OUT/triton-cache.tar.xz.part-aa, -ab, ... (15 MiB pieces, at most four: what a
+# device call hands back; here, cat the pieces > .triton-cache.tar.xz and carry
+# that with the next call).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-benchmarks/results}"
@@ -17,12 +18,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps .whl/*.whl > "${out}/pip-wheels.log" 2>&1
 fi
 python3 -m pip install -q --no-index . > "${out}/pip-install.log" 2>&1 || { tail -n 40 "${out}/pip-install.log"; exit 1; }
-if [[ -d .triton-cache ]]; then
-  export TRITON_CACHE_DIR="${PWD}/.triton-cache"
-else
-  export TRITON_CACHE_DIR="${HOME}/.triton/cache"  # Triton's default (the quick benchmark's too)
-  mkdir -p "${TRITON_CACHE_DIR}"
-fi
+source scripts/lib/triton_cache.sh
+fq_use_triton_cache
 set +e
 # BENCH_TIME_LIMIT (seconds): stop the benchmark then (the rows measured so far
 # are kept; the sidecar says how many), so that a device call's limit leaves

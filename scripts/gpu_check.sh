@@ -79,7 +79,8 @@ py_gpu_skipped=$(grep -cE "^SKIPPED.*test_gpu" "${out}/pytest.log")
 
 # --- quick benchmark (two rows of the published table, against FLA) -------------
 # FLA's Triton compile cache from an earlier run, where one was carried (gpu_bench.sh).
-[[ -d .triton-cache ]] && export TRITON_CACHE_DIR="${PWD}/.triton-cache"
+source scripts/lib/triton_cache.sh
+fq_use_triton_cache
 start=${SECONDS}
 ${py} benchmarks/bench_fwd.py --rows '^397B/122B TP(8|1),1x8192$' --reps 5 --out "${out}/bench_quick.csv" \
   > "${out}/bench_quick.log" 2>&1

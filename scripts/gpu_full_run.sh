@@ -6,7 +6,7 @@
 # one archive, the benchmark's log and FLA's Triton compile cache in up to four
 # pieces (gpu_bench.sh).
 # Needs third_party/ and .whl/ from scripts/prepare_device.sh, carried with the
-# call (and .triton-cache/ where an earlier run left one).
+# call (and .triton-cache.tar.xz where an earlier run left one: scripts/lib/triton_cache.sh).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/flashqla-gpu-full-run}"
