@@ -6,8 +6,10 @@
 # relative difference to the simple kernel (and each side alone),
 # for kernel versions side by side in one call. A triage tool: the GPU suite
 # (gpu_iterate.sh, gpu_check.sh) is what shows a version correct. Needs
-# third_party/ (CUTLASS) and versions/, carried.
+# third_party/ (CUTLASS) and versions/, carried. COMPARE_QUICK=1 leaves out
+# each side alone (half the builds and runs, for a short device call).
 set -uo pipefail
+quick=${COMPARE_QUICK:-0}
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/flashqla-compare}"
 mkdir -p "${out}"
@@ -20,6 +22,7 @@ for dir in versions/*/; do
   nvcc "${flags[@]}" "${sources[@]}" -o "/tmp/timing_${name}" > "${build_logs}/${name}.log" 2>&1 &
   nvcc "${flags[@]}" -DFLASHQLA_FUSED_PROFILE "${sources[@]}" -o "/tmp/profile_${name}" \
     > "${build_logs}/${name}-profile.log" 2>&1 &
+  [[ ${quick} -eq 1 ]] && continue
   # The producer alone (the state warpgroups only release stages).
   nvcc "${flags[@]}" -DFLASHQLA_FUSED_PROFILE -DFLASHQLA_FUSED_ISOLATE=2 "${sources[@]}" -o "/tmp/producer_${name}" \
     > "${build_logs}/${name}-producer.log" 2>&1 &
