@@ -190,7 +190,9 @@ typedef struct flashqla_gdn_fwd_params_t {
   flashqla_stream_t stream; /* CUDA backend only */
   /* Scratch memory on the backend's side (device memory for CUDA), at least
    * the size flashqla_gdn_*_workspace_size() reported; may be NULL when that
-   * size is 0. */
+   * size is 0. Its contents need no initialisation. The call uses it until it
+   * completes on `stream` (sequence pieces' states and counters): calls in
+   * flight at the same time, on different streams, need separate workspaces. */
   void* workspace;
   size_t workspace_bytes;
   /* Debug switch: non-zero makes the CUDA backend check cu_seqlens contents
