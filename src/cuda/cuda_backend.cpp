@@ -158,18 +158,20 @@ PiecePlan plan_pieces(const Problem& pr, const ForwardArgs& args) {
                               env_int("FLASHQLA_PIECE_CHUNKS", 0));
 }
 
-// Piece passes: kPieceStateKinds states a piece slot and value head. Chained
-// pieces: one state a chain, then the ticket and the chains' counters.
-size_t piece_state_bytes(const Problem& pr, const PiecePlan& plan) {
-  if (plan.chained) return static_cast<size_t>(pr.N * pr.HV * pr.K * pr.V) * sizeof(float);
-  return static_cast<size_t>(plan.slots * pr.HV * kPieceStateKinds * pr.K * pr.V) * sizeof(float);
-}
-// Chained pieces: the ticket table, then the ticket and the chains' counters.
-size_t chain_ticket_bytes(const Problem& pr, const PiecePlan& plan) {
-  return plan.chained ? static_cast<size_t>(plan.slots * pr.HV) * sizeof(int2) : 0;
-}
-size_t chain_counter_bytes(const Problem& pr, const PiecePlan& plan) {
-  return plan.chained ? static_cast<size_t>(1 + pr.N * pr.HV) * sizeof(unsigned) : 0;
+// The pieces' workspace after the debug check word: the states (piece passes:
+// kPieceStateKinds a piece slot and value head; chained pieces: one a chain),
+// then, for chained pieces, the ticket table and the ticket and chain counters.
+struct PieceWorkspace {
+  size_t states = 0, tickets = 0, counters = 0, end = 0;  // byte offsets from the workspace's start
+};
+PieceWorkspace piece_workspace(const Problem& pr, const PiecePlan& plan) {
+  PieceWorkspace w;
+  const int64_t states = plan.chained ? pr.N * pr.HV : plan.slots * pr.HV * kPieceStateKinds;
+  w.states = kCuSeqlensCheckBytes;
+  w.tickets = w.states + static_cast<size_t>(states * pr.K * pr.V) * sizeof(float);
+  w.counters = w.tickets + (plan.chained ? static_cast<size_t>(plan.slots * pr.HV) * sizeof(int2) : 0);
+  w.end = w.counters + (plan.chained ? static_cast<size_t>(1 + pr.N * pr.HV) * sizeof(unsigned) : 0);
+  return w;
 }
 
 // q, k and v share one dtype on the GPU (the kernels load them alike).
@@ -185,11 +187,7 @@ void require_shared_token_dtype(const flashqla_gdn_fwd_params_t& p, const char* 
 
 size_t forward_workspace_bytes(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
   const PiecePlan plan = plan_pieces(pr, forward_args(pr, p));
-  // [debug check word][piece states]; the piece states start at kCuSeqlensCheckBytes.
-  if (plan.chunks > 0) {
-    return kCuSeqlensCheckBytes + piece_state_bytes(pr, plan) + chain_ticket_bytes(pr, plan) +
-           chain_counter_bytes(pr, plan);
-  }
+  if (plan.chunks > 0) return piece_workspace(pr, plan).end;
   return pr.debug_check_cu_seqlens ? kCuSeqlensCheckBytes : 0;
 }
 
@@ -216,13 +214,13 @@ void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
     }
     args.piece_chunks = plan.chunks;
     args.piece_slots = plan.slots;
-    args.piece_states = reinterpret_cast<float*>(static_cast<unsigned char*>(p.workspace) + kCuSeqlensCheckBytes);
+    unsigned char* const ws = static_cast<unsigned char*>(p.workspace);
+    const PieceWorkspace layout = piece_workspace(pr, plan);
+    args.piece_states = reinterpret_cast<float*>(ws + layout.states);
     if (plan.chained) {
       // The ticket table and zeroed counters, then one launch of the pieces.
-      unsigned char* const tickets = static_cast<unsigned char*>(p.workspace) + kCuSeqlensCheckBytes +
-                                     piece_state_bytes(pr, plan);
-      args.chain_tickets = reinterpret_cast<int2*>(tickets);
-      args.chain_counters = reinterpret_cast<unsigned*>(tickets + chain_ticket_bytes(pr, plan));
+      args.chain_tickets = reinterpret_cast<int2*>(ws + layout.tickets);
+      args.chain_counters = reinterpret_cast<unsigned*>(ws + layout.counters);
       args.piece_pass = kChainedPieces;
       check_cuda(launch_gdn_fwd_chain_tickets(args, p.stream), entry, "chained pieces' ticket table launch");
       check_cuda(launch_gdn_fwd_fused(args, p.stream), entry, "fused forward kernel launch (chained pieces)");

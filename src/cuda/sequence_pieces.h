@@ -20,6 +20,9 @@ namespace flashqla::cuda {
 
 constexpr int64_t kPieceChunkTokens = 64;
 constexpr int64_t kMinPieceChunks = 4;
+// Sequences the fused kernel ranks longest first on the device (beyond this, in
+// launch order); chained pieces of varlen batches rely on the ranking.
+constexpr int kMaxRankedSequences = 512;
 
 // Pieces of a sequence of `tokens` tokens: at least one, so an empty sequence
 // still writes its final state.
@@ -83,6 +86,26 @@ inline double estimated_forward_time(const int64_t* chunks, int64_t n, int64_t H
   return pass_time(work1, longest1, sms) + pass_time(work2, longest2, sms) + pieces;
 }
 
+inline int64_t longest_of(const int64_t* chunks, int64_t n) {
+  int64_t longest = 0;
+  for (int64_t i = 0; i < n; ++i) longest = std::max(longest, chunks[i]);
+  return longest;
+}
+
+// The piece lengths the planners try: the longest sequence cut into 2 ..
+// max_pieces pieces (at least kMinPieceChunks chunks each), each length once;
+// `try_length(L)` returns false to stop.
+template <typename F>
+inline void for_each_piece_length(int64_t longest, int64_t max_pieces, F&& try_length) {
+  int64_t last = 0;
+  for (int64_t p = 2; p <= max_pieces; ++p) {
+    const int64_t L = std::max(kMinPieceChunks, (longest + p - 1) / p);
+    if (L >= longest || L == last) continue;
+    last = L;
+    if (!try_length(L)) return;
+  }
+}
+
 // --- chained pieces (chains >= SMs) ---------------------------------------------
 // With at least as many chains as SMs, the chains' last wave may leave SMs idle
 // (192 chains on 132 SMs take two full waves). Chained pieces fill it without
@@ -94,7 +117,6 @@ inline double estimated_forward_time(const int64_t* chunks, int64_t n, int64_t H
 // Sequences ranked longest first (the ranks' order within a round does not
 // matter for the schedule's correctness, only for its length).
 constexpr int64_t kMaxChainedTickets = 1 << 15;  // the model's simulation bound
-constexpr int64_t kMaxChainedSequences = 512;     // varlen: the device ranks at most these
 constexpr int64_t kMaxChainRounds = 1024;         // pieces of one sequence
 
 // The schedule keeps equal times together as (time, how many): the SMs' free
@@ -151,8 +173,7 @@ inline int64_t chained_tickets(const int64_t* chunks, int64_t n, int64_t HV, int
 // The chained piece length the model finds fastest (0: whole sequences are);
 // with `must_cut`, the fastest that cuts the longest sequence.
 inline int64_t best_chained_chunks(const int64_t* chunks, int64_t n, int64_t HV, int64_t sms, bool must_cut) {
-  int64_t longest = 0;
-  for (int64_t i = 0; i < n; ++i) longest = std::max(longest, chunks[i]);
+  const int64_t longest = longest_of(chunks, n);
   if (longest <= 0) return 0;
   // No cut beats whole sequences by 5% when these are within 5% of the work's
   // share of an SM (and past a few waves, the model is not run at all).
@@ -164,33 +185,25 @@ inline int64_t best_chained_chunks(const int64_t* chunks, int64_t n, int64_t HV,
   // Whole sequences, longest first: the same schedule with one piece each. A cut
   // must gain 5% to be taken (the model does not see the state hand-over).
   double best_time = must_cut ? 1e300 : 0.95 * whole;
-  int64_t last = 0;
-  for (int64_t p = 2; p <= 8; ++p) {
-    const int64_t L = std::max(kMinPieceChunks, (longest + p - 1) / p);
-    if (L >= longest || L == last) continue;
-    last = L;
-    if (chained_tickets(chunks, n, HV, L) > kMaxChainedTickets) break;
+  for_each_piece_length(longest, 8, [&](int64_t L) {
+    if (chained_tickets(chunks, n, HV, L) > kMaxChainedTickets) return false;
     const double t = estimated_chained_time(chunks, n, HV, sms, L);
     if (t < best_time) best_time = t, best = L;
-  }
+    return true;
+  });
   return best;
 }
 
 // The piece length the model finds fastest for these sequences (0: whole
 // sequences); with `must_cut`, the fastest that cuts the longest sequence.
 inline int64_t best_piece_chunks(const int64_t* chunks, int64_t n, int64_t HV, int64_t sms, bool must_cut) {
-  int64_t longest = 0;
-  for (int64_t i = 0; i < n; ++i) longest = std::max(longest, chunks[i]);
   int64_t best = 0;
   double best_time = must_cut ? 1e300 : estimated_forward_time(chunks, n, HV, sms, 0);
-  int64_t last = 0;
-  for (int64_t p = 2; p <= kMaxPiecesPerSequence; ++p) {
-    const int64_t L = std::max(kMinPieceChunks, (longest + p - 1) / p);
-    if (L >= longest || L == last) continue;
-    last = L;
+  for_each_piece_length(longest_of(chunks, n), kMaxPiecesPerSequence, [&](int64_t L) {
     const double t = estimated_forward_time(chunks, n, HV, sms, L);
     if (t < best_time) best_time = t, best = L;
-  }
+    return true;
+  });
   return best;
 }
 
@@ -208,7 +221,7 @@ inline PiecePlan plan_sequence_pieces(int64_t T, int64_t N, int64_t HV, bool var
   if (sms <= 0 || N <= 0 || HV <= 0 || mode == 0) return {};
   const bool chained = mode == 2 || N * HV >= sms;
   // Chained pieces rank varlen sequences on the device (forward_work_item.cuh).
-  if (chained && varlen && N > kMaxChainedSequences) return {};
+  if (chained && varlen && N > kMaxRankedSequences) return {};
   const int64_t longest = (T + kPieceChunkTokens - 1) / kPieceChunkTokens;  // the longest possible sequence
   // A bound on the chunks of all sequences together (varlen: partial last chunks).
   const int64_t total = varlen ? longest + N : N * longest;

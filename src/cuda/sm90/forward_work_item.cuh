@@ -55,8 +55,6 @@ struct WorkItem {
 };
 
 constexpr int kWorkItemChunk = static_cast<int>(kPieceChunkTokens);
-// Sequences ranked longest-first in the kernel; beyond this, launch order.
-constexpr int kMaxRankedSequences = 512;
 
 __device__ __forceinline__ int64_t chunk_count(const SequenceRange& r) {
   return (r.eos - r.bos + kWorkItemChunk - 1) / kWorkItemChunk;
@@ -136,8 +134,6 @@ inline int64_t work_item_count(const ForwardArgs& a) {
     default: return a.N * a.HV;
   }
 }
-
-static_assert(kMaxChainedSequences == kMaxRankedSequences, "the chained plan relies on the device ranking");
 
 // A chain's latest end state in the chained pieces' workspace.
 __device__ __forceinline__ int64_t chain_state_base(const ForwardArgs& a, int64_t n, int64_t hv) {

@@ -12,7 +12,7 @@ constexpr int kThreads = 512;
 // (value heads fastest); without cu_seqlens every sequence has the same pieces,
 // counted once with all N sequences' heads per round.
 __global__ void __launch_bounds__(kThreads) gdn_fwd_chain_tickets_kernel(const ForwardArgs a, int64_t tickets) {
-  __shared__ int pieces[kMaxChainedSequences];
+  __shared__ int pieces[kMaxRankedSequences];
   __shared__ int64_t round_start[kMaxChainRounds + 1];
   __shared__ int rounds;
   const int tid = threadIdx.x;
