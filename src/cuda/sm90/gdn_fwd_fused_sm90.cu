@@ -18,13 +18,13 @@ namespace {
 constexpr int kChunk = 64;  // tokens per chunk
 constexpr int kDim = 128;   // K = V
 // Warpgroups 0 and 1 run the state chain of chunk c, each for half the values
-// (Sᵀ split by value rows: two chains that meet once a chunk, and each computes
-// half of P = Q Kᵀ ⊙ Γ); warpgroup 2 loads chunk c + 1 and computes its A,
-// T = (I + A)⁻¹ and Tβ meanwhile. Registers move to the state warpgroups.
+// (Sᵀ split by value rows: two independent chains); warpgroup 2 loads chunk
+// c + 1 and computes its A, P = Q Kᵀ ⊙ Γ, T = (I + A)⁻¹ and Tβ meanwhile.
+// Registers move to the state warpgroups.
 constexpr int kStateThreads = 256;
 constexpr int kProducerThreads = 128;
 constexpr int kThreads = kStateThreads + kProducerThreads;
-constexpr int kStateRegisters = 192, kProducerRegisters = 120;
+constexpr int kStateRegisters = 176, kProducerRegisters = 152;
 // setmaxnreg.inc takes registers only from those the CTA's own .dec released
 // (it waits otherwise: a deadlock), from the launch allocation (the register
 // file over the CTA's threads, rounded down to 8: 168).
@@ -67,8 +67,7 @@ __device__ __forceinline__ void set_max_registers() {
 // Shared memory (bytes). Three stages of q, k and the gate vectors γ, e^γ,
 // e^{γ_C − γ} (the producer loads or forms chunk c + 1's while it works on c and
 // the state warpgroups on c − 1), two of v, P, Tβ and β (the chunk the producer
-// hands over and the one the state warpgroups run; P is the state warpgroups'
-// own); one of everything else. Every 16-bit tile is a core-matrix
+// hands over and the one the state warpgroups run); one of everything else. Every 16-bit tile is a core-matrix
 // tile (ldmatrix reads it without bank conflicts, wgmma through a descriptor).
 // T is the producer's own padded fp32 [64][68] tile: it builds T there in place
 // from A's two 32x32 diagonal blocks, and keeps A's block below them (then
@@ -169,9 +168,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* const sm_k = reinterpret_cast<T*>(smem + kOffK);
   T* const sm_v = reinterpret_cast<T*>(smem + kOffV);
   T* const sm_o = reinterpret_cast<T*>(smem + kOffO);  // [2][64 tokens][kLdO]
-  // Two stages each, [64][64], wgmma B operands (K-major): P = Q Kᵀ ⊙ Γ (the state
-  // warpgroups write it, each its 32 token columns) and Tβ = T diag(β) (handed
-  // over by the producer).
+  // Two stages each, [64][64], wgmma B operands (K-major): P = Q Kᵀ ⊙ Γ and
+  // Tβ = T diag(β), handed over by the producer.
   auto p_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffP + stage * kTile64)}; };
   auto tb_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffTb + stage * kTile64)}; };
   float* const sm_t = reinterpret_cast<float*>(smem + kOffT);  // T, [64][kLdF] (producer)
@@ -360,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // chunk ahead: at the end of chunk cc − 1's work, so that it runs behind the
     // hand-over and the wait for a free stage, and chunk cc's epilogue finds it
     // done. Rows past the end are zeroed (and l2-normalized) first.
-    float acc[kChunk / 2];
+    float acc[kChunk / 2], acc_p[kChunk / 2];
     auto issue_kkt = [&](int64_t cc) {
       const int Lc = chunk_rows(cc);
       tma::wait(bar_k + cc % kKStages, uint32_t(cc / kKStages) & 1u);  // Q(cc), K(cc)
@@ -371,13 +369,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         named_sync(kBarProducer, kProducerThreads);
       }
 #pragma unroll
-      for (int i = 0; i < kChunk / 2; ++i) acc[i] = 0.f;
+      for (int i = 0; i < kChunk / 2; ++i) acc[i] = acc_p[i] = 0.f;
+      wgmma::fence_operands(acc_p);
       wgmma::fence(acc);
-      const auto kt = k_tile(cc);
+      const auto kt = k_tile(cc), qt = q_tile(cc);
 #pragma unroll
       for (int k = 0; k < kDim / 16; ++k)
         wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(kt, 16 * k), wgmma::kmajor_desc(kt, 16 * k),
                                                        acc);
+      // P's Q Kᵀ in the same batch.
+#pragma unroll
+      for (int k = 0; k < kDim / 16; ++k)
+        wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(qt, 16 * k), wgmma::kmajor_desc(kt, 16 * k),
+                                                       acc_p);
       wgmma::commit();
     };
     FUSED_PROFILE_BEGIN();
@@ -411,8 +415,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       FUSED_PHASE(9);
 
       // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32: K Kᵀ (issued a chunk ahead,
-      // issue_kkt) and its epilogue into T's tile. (P = Q Kᵀ ⊙ Γ is the state
-      // warpgroups': they wait for this warpgroup otherwise.)
+      // issue_kkt) and its epilogue into T's tile; P = Q Kᵀ ⊙ Γ (issued with
+      // it), its epilogue into the stage's P tile.
       float* const tt = sm_t;
       {
         // The gates of this thread's rows and columns, read while the wgmmas finish.
@@ -424,6 +428,22 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float b_row[2] = {bet[16 * pwarp + g], bet[16 * pwarp + g + 8]};
         wgmma::wait<0>();
         wgmma::fence_operands(acc);
+        wgmma::fence_operands(acc_p);
+        // P: the warp's 16 token rows, e^{γ_i − γ_j}, 0 above the diagonal.
+        {
+          const CoreTile<T, kChunk> pt = p_tile(stage);
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int i = 16 * pwarp + g + 8 * half;
+#pragma unroll
+            for (int j = 0; j < kChunk / 8; ++j) {
+              const int col = 8 * j + 2 * t4;
+              *reinterpret_cast<uint32_t*>(pt.at(i, col)) =
+                  M::pack(acc_p[4 * j + 2 * half] * masked_exp(col <= i, g_row[half] - g_col[j].x),
+                          acc_p[4 * j + 2 * half + 1] * masked_exp(col + 1 <= i, g_row[half] - g_col[j].y));
+            }
+          }
+        }
         // The epilogue, the same work for every warp: its 16 rows of its 32x32
         // diagonal block, transposed into T's (inverted there in place; the
         // substitution reads them so, conflict-free), and a quarter of the block
@@ -704,7 +724,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // --- 2. V'ᵀ = Vᵀ − (K S)ᵀ diag(e^γ) in 16 bits and Oᵀ diag(e^γ), then
     // V_newᵀ = V'ᵀ (Tβ)ᵀ (m64n64k64, B = Tβ K-major).
-    float nv_acc[kChunk / 2], p_acc[kChunk / 4];
+    float nv_acc[kChunk / 2];
     {
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
@@ -727,26 +747,14 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(vf[kb], wgmma::kmajor_desc(tb, 16 * kb), nv_acc);
       wgmma::commit();
-      // The warpgroup's half of P = Q Kᵀ ⊙ Γ, token columns 32 w.. 32 w + 31
-      // (m64n32k128, both operands from shared memory), behind V_new; its
-      // epilogue runs while step 3's state update does. (The producer
-      // warpgroup is the busier side: P is the state warpgroups'.)
-#pragma unroll
-      for (int i = 0; i < kChunk / 4; ++i) p_acc[i] = 0.f;
-      wgmma::fence(p_acc);
-#pragma unroll
-      for (int k = 0; k < kDim / 16; ++k)
-        wgmma::mma_ss<T, kChunk / 2, wgmma::kK, wgmma::kK>(
-            wgmma::kmajor_desc(qs, 16 * k), wgmma::kmajor_desc(ks, 16 * k, (kChunk / 2) * (warp >> 2)), p_acc);
-      wgmma::commit();
-      wgmma::wait<1>();
+      wgmma::wait<0>();
       wgmma::fence_operands(nv_acc);
     }
     FUSED_PHASE(4);
     asm volatile("" ::: "memory");  // the next step's shared-memory loads stay in it
 
     // --- 3. Sᵀ = e^{γ_C} Sᵀ + (V_newᵀ diag(e^{γ_C − γ})) K (B = K MN-major),
-    // then P's epilogue, then Oᵀ += V_newᵀ Pᵀ (B = P K-major).
+    // then Oᵀ += V_newᵀ Pᵀ (B = P K-major, the producer's).
     {
       uint32_t nf[kChunk / 16][4], nd[kChunk / 16][4];
 #pragma unroll
@@ -765,29 +773,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::commit();
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) a_fragment(nv_acc + 8 * kb, 1.f, 1.f, 1.f, 1.f, nf[kb]);
-      wgmma::wait<1>();  // P
-      wgmma::fence_operands(p_acc);
-      // P's epilogue: e^{γ_i − γ_j}, 0 above the diagonal (rows: tokens i,
-      // p_acc[4 j + e]: token i = 16 wr + g + 8 (e / 2), j = 32 w + 8 j + 2 t4 + e % 2).
-      {
-        const int g = lane_again() >> 2, t4 = lane_again() & 3;
-        const float* const gam = sm_gamma + qk_stage * kChunk;
-        const float g_row[2] = {gam[16 * wr + g], gam[16 * wr + g + 8]};
-#pragma unroll
-        for (int j = 0; j < kChunk / 16; ++j) {
-          const int col = (kChunk / 2) * (warp >> 2) + 8 * j + 2 * t4;
-          const float2 g_col = *reinterpret_cast<const float2*>(gam + col);
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int i = 16 * wr + g + 8 * half;
-            *reinterpret_cast<uint32_t*>(pt.at(i, col)) =
-                M::pack(p_acc[4 * j + 2 * half] * masked_exp(col <= i, g_row[half] - g_col.x),
-                        p_acc[4 * j + 2 * half + 1] * masked_exp(col + 1 <= i, g_row[half] - g_col.y));
-          }
-        }
-        wgmma::fence_shared_for_async();  // P is a wgmma operand (step 3, both warpgroups)
-      }
-      named_sync(kBarState, kStateThreads);  // both halves of P written
       wgmma::fence(o_acc);
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(nf[kb], wgmma::kmajor_desc(pt, 16 * kb), o_acc);
