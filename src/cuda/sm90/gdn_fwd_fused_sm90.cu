@@ -6,6 +6,7 @@
 #include "cuda/fused_forward_support.h"
 #include "cuda/sm90/device_common.cuh"
 #include "cuda/sm90/forward_work_item.cuh"
+#include "cuda/sm90/bulk_store.cuh"
 #include "cuda/sm90/tma_load.cuh"
 #include "cuda/sm90/token_tensor_map.h"
 #include "cuda/sm90/warp_mma.cuh"
@@ -148,6 +149,15 @@ __device__ long long fused_profile_cycles[kProfileSlots];
 // accumulators stay straight-line code.
 // ex2.approx with denormal results flushed to zero (no range fix-up around
 // the MUFU, as __expf has), e^{−∞} = 0.
+// How the state warpgroups write o: not at all (a piece pass that only needs
+// the end state), row by row from the output tile with 4-byte stores, or one
+// bulk copy a row (its 128 bytes of the warpgroup's values; o's base and
+// strides 16-byte aligned).
+constexpr int kOutputNone = 0, kOutputRows = 1, kOutputBulk = 2;
+__device__ __forceinline__ bool output_rows_bulk_copyable(const ForwardArgs& a) {
+  return reinterpret_cast<uintptr_t>(a.o) % 16 == 0 && a.o_sb % 8 == 0 && a.o_st % 8 == 0 && a.o_sh % 8 == 0;
+}
+
 __device__ __forceinline__ float masked_exp(bool keep, float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"((keep ? x : -INFINITY) * 1.4426950408889634f));
@@ -633,7 +643,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* volatile* const sm_o_rows = reinterpret_cast<T**>(smem + kOffFinal + 48);
   if (tid == 0) {
     *sm_final = item.final_state;
-    *sm_write_o = item.write_o;
+    *sm_write_o = item.write_o ? (output_rows_bulk_copyable(a) ? kOutputBulk : kOutputRows) : kOutputNone;
     *sm_o_rows = static_cast<T*>(a.o) + row * a.o_sb + hv * a.o_sh + int64_t(bos) * a.o_st;  // the item's first token
   }
 
@@ -777,7 +787,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(nf[kb], wgmma::kmajor_desc(pt, 16 * kb), o_acc);
       wgmma::commit();
-      if (c > 0 && *sm_write_o) store_output_rows(c - 1, kChunk);  // chunk c − 1 was whole
+      if (c > 0 && *sm_write_o == kOutputRows) store_output_rows(c - 1, kChunk);  // chunk c − 1 was whole
       wgmma::wait<0>();
       wgmma::fence_operands(o_acc);
       wgmma::fence_operands(s_acc);
@@ -787,10 +797,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     FUSED_PHASE(5);
 
     // --- 4. O = scale Oᵀᵀ: o_acc[4 j + e] (value v0 + 16 wr + g + 8 (e / 2),
-    // token 8 j + 2 t4 + e % 2) into the output tile; its rows in the sequence go out
-    // (store_output_rows) while the next chunk's last wgmmas run. The tile has
-    // two stages: chunk c + 2 writes this one after every thread of the
-    // warpgroup passed chunk c + 1's barrier, i.e. finished reading it.
+    // token 8 j + 2 t4 + e % 2) into the output tile; its rows in the sequence go
+    // out by bulk copies issued right after the barrier below (kOutputBulk), or
+    // by store_output_rows while the next chunk's last wgmmas run (kOutputRows).
+    // The tile has two stages: chunk c + 2 writes this one after every thread
+    // of the warpgroup passed chunk c + 1's barrier, i.e. finished reading it
+    // (its own loads, or its bulk copies' reads: bulk::wait_reads).
     if (*sm_write_o) {
       const int g = lane_again() >> 2, t4 = lane_again() & 3;
       T* const ot = sm_o + stage * kChunk * kLdO;
@@ -800,11 +812,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 4; ++e)
           ot[(8 * j + 2 * t4 + (e & 1)) * kLdO + v0 + 16 * wr + g + 8 * (e >> 1)] = T(a.scale * o_acc[4 * j + e]);
       }
+      const int mode = *sm_write_o;
+      if (mode == kOutputBulk) {
+        wgmma::fence_shared_for_async();  // the tile is the bulk copies' source
+        bulk::wait_reads();  // chunk c − 1's copies (the other stage) have read it
+      }
       named_sync(kBarOutput + (warp >> 2), 128);
+      // Bulk: lanes 0..15 of warp wr copy the tile's rows 16 wr.. (their
+      // 128 bytes of the warpgroup's values); chunk c + 1 waits for the reads
+      // (above) before the barrier after which chunk c + 2 writes this stage.
+      const int r = 16 * wr + lane_again();
+      if (mode == kOutputBulk && lane_again() < 16 && r < min(kChunk, eos - bos - c * kChunk)) {
+        bulk::store(*sm_o_rows + (int64_t(c) * kChunk + r) * a.o_st + v0, ot + r * kLdO + v0, 64 * sizeof(T));
+        bulk::commit();
+      }
     }
     FUSED_PHASE(6);
   }
-  if (nc > 0 && *sm_write_o) store_output_rows(nc - 1, min(kChunk, eos - bos - (nc - 1) * kChunk));
+  if (nc > 0 && *sm_write_o == kOutputRows) store_output_rows(nc - 1, min(kChunk, eos - bos - (nc - 1) * kChunk));
+  bulk::wait_all();  // o written before the CTA's shared memory goes (no-op without bulk copies)
   FUSED_PROFILE_END(n_chunks);
 
   const StateTarget final_state = *sm_final;
