@@ -33,11 +33,20 @@ __device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo_byt
   return d.desc_;
 }
 
+// The descriptor of `p`, an address inside the operand whose descriptor at
+// `base` is `base_desc`: the start address field holds the shared-memory byte
+// address / 16 in its low 14 bits (shared memory < 256 KB: no carry out of
+// them), so a constant offset is one add instead of a new descriptor (which
+// the compiler then builds once a tile, not once a wgmma).
+__device__ __forceinline__ uint64_t offset_desc(uint64_t base_desc, const void* base, const void* p) {
+  return base_desc + static_cast<uint64_t>((static_cast<const char*>(p) - static_cast<const char*>(base)) >> 4);
+}
+
 // Descriptor of a CoreTile [N rows][K columns] read as the K-major operand,
 // from column k0 (core matrices adjacent in K: 128 bytes; row blocks: kCols * 16).
 template <typename T, int kCols>
 __device__ __forceinline__ uint64_t kmajor_desc(const mma::CoreTile<T, kCols>& tile, int k0) {
-  return make_desc(tile.at(0, k0), 128, kCols * 16);
+  return offset_desc(make_desc(tile.base, 128, kCols * 16), tile.base, tile.at(0, k0));
 }
 
 // Descriptor of a CoreTile [K rows][MN columns] read as an MN-major operand
@@ -47,7 +56,7 @@ __device__ __forceinline__ uint64_t kmajor_desc(const mma::CoreTile<T, kCols>& t
 // ((8,1,n),(8,k)):((1,8,SBO),(8,LBO)) in elements.
 template <typename T, int kCols>
 __device__ __forceinline__ uint64_t mnmajor_desc(const mma::CoreTile<T, kCols>& tile, int k0, int mn0 = 0) {
-  return make_desc(tile.at(k0, mn0), kCols * 16, 128);
+  return offset_desc(make_desc(tile.base, kCols * 16, 128), tile.base, tile.at(k0, mn0));
 }
 
 // The same two for a ColumnBlockTile [kRows][..]: core matrices adjacent in
@@ -55,11 +64,11 @@ __device__ __forceinline__ uint64_t mnmajor_desc(const mma::CoreTile<T, kCols>& 
 // (kmajor_desc from row n0, a multiple of 8: the operand's rows n0..)
 template <typename T, int kRows>
 __device__ __forceinline__ uint64_t kmajor_desc(const mma::ColumnBlockTile<T, kRows>& tile, int k0, int n0 = 0) {
-  return make_desc(tile.at(n0, k0), kRows * 16, 128);
+  return offset_desc(make_desc(tile.base, kRows * 16, 128), tile.base, tile.at(n0, k0));
 }
 template <typename T, int kRows>
 __device__ __forceinline__ uint64_t mnmajor_desc(const mma::ColumnBlockTile<T, kRows>& tile, int k0, int mn0 = 0) {
-  return make_desc(tile.at(k0, mn0), 128, kRows * 16);
+  return offset_desc(make_desc(tile.base, 128, kRows * 16), tile.base, tile.at(k0, mn0));
 }
 
 // CuTe's name of a 16-bit element type.
