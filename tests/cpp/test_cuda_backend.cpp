@@ -186,7 +186,7 @@ struct GpuFwdConfig {
   flashqla_dtype_t dtype = FLASHQLA_DTYPE_BFLOAT16;
   bool h0 = true, v_first = false, l2norm = false;
   double g_value = NAN, beta_value = NAN;
-  int64_t row_pad = 0;
+  int64_t row_pad = 0, o_row_pad = 0;
   // Whether the fused kernel covers the shape (else the simple kernel runs).
   bool fused = true;
   // The piece plan forced for this case (FLASHQLA_SEQUENCE_PARALLEL,
@@ -267,6 +267,7 @@ TEST_P(GpuForward, MatchesCpuOracle) {
   c.state_v_first = f.v_first;
   c.l2norm = f.l2norm;
   c.row_pad = f.row_pad;
+  c.o_row_pad = f.o_row_pad;
   c.allocate_and_fill(0xc0ffee + f.T, f.g_value, f.beta_value, 16.0);
 
   // Oracle: the CPU backend on the same (rounded) inputs, fp64 outputs.
@@ -383,6 +384,15 @@ std::vector<GpuFwdConfig> gpu_forward_configs() {
   v.push_back(f);
   f.fused = true;
   f.row_pad = 0;
+  // o a strided view: rows 16-byte aligned (one bulk copy a row), then only
+  // 4-byte aligned (row-by-row stores); the last chunk partial (300 tokens).
+  f.name = "o_strided_aligned";
+  f.o_row_pad = 8;
+  v.push_back(f);
+  f.name = "o_strided_unaligned";
+  f.o_row_pad = 2;
+  v.push_back(f);
+  f.o_row_pad = 0;
   f.name = "l2norm_in_kernel";
   f.l2norm = true;
   v.push_back(f);

@@ -236,8 +236,8 @@ void fill_qk(HostTensor& t, bool normalise, std::mt19937_64& rng,
   }
 }
 
-HostTensor poisoned(std::vector<int64_t> shape, flashqla_dtype_t dtype) {
-  HostTensor t(std::move(shape), dtype);
+HostTensor poisoned(std::vector<int64_t> shape, flashqla_dtype_t dtype, int64_t row_pad = 0) {
+  HostTensor t(std::move(shape), dtype, row_pad);
   t.fill_nan();
   return t;
 }
@@ -305,7 +305,7 @@ void GdnCase::allocate_and_fill(uint64_t seed, double g_value, double beta_value
     for (size_t i = 0; i < cu_seqlens.size(); ++i) cu.set_flat(int64_t(i), double(cu_seqlens[i]));
   }
 
-  o = poisoned(v_shape, dtype);
+  o = poisoned(v_shape, dtype, o_row_pad);
   ht = poisoned(state_shape, state_dtype);
   dq = poisoned(qk_shape, dtype);
   dk = poisoned(qk_shape, dtype);

@@ -67,6 +67,7 @@ struct GdnCase {
   flashqla_dtype_t gate_dtype = FLASHQLA_DTYPE_FLOAT64;  // g, beta, dg, dbeta
   flashqla_dtype_t state_dtype = FLASHQLA_DTYPE_FLOAT64;  // h0, ht, dht, dh0
   int64_t row_pad = 0;  // > 0: non-contiguous views for q, k, v
+  int64_t o_row_pad = 0;  // > 0: o a non-contiguous view
 
   HostTensor q, k, v, g, beta, h0, o, ht, d_o, dht, dq, dk, dv, dg, dbeta, dh0, cu;
 
