@@ -144,11 +144,6 @@ __device__ long long fused_profile_cycles[kProfileSlots];
   } while (0)
 #endif
 
-// e^x where keep, else 0, without a branch: the exponent is selected (−∞
-// where masked), so masked entries never overflow and the epilogues over the
-// accumulators stay straight-line code.
-// ex2.approx with denormal results flushed to zero (no range fix-up around
-// the MUFU, as __expf has), e^{−∞} = 0.
 // How the state warpgroups write o: not at all (a piece pass that only needs
 // the end state), row by row from the output tile with 4-byte stores, or one
 // bulk copy a row (its 128 bytes of the warpgroup's values; o's base and
@@ -158,6 +153,11 @@ __device__ __forceinline__ bool output_rows_bulk_copyable(const ForwardArgs& a) 
   return reinterpret_cast<uintptr_t>(a.o) % 16 == 0 && a.o_sb % 8 == 0 && a.o_st % 8 == 0 && a.o_sh % 8 == 0;
 }
 
+// e^x where keep, else 0, without a branch: the exponent is selected (−∞
+// where masked), so masked entries never overflow and the epilogues over the
+// accumulators stay straight-line code.
+// ex2.approx with denormal results flushed to zero (no range fix-up around
+// the MUFU, as __expf has), e^{−∞} = 0.
 __device__ __forceinline__ float masked_exp(bool keep, float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"((keep ? x : -INFINITY) * 1.4426950408889634f));
