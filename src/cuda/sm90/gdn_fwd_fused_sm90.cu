@@ -153,16 +153,18 @@ __device__ __forceinline__ bool output_rows_bulk_copyable(const ForwardArgs& a) 
   return reinterpret_cast<uintptr_t>(a.o) % 16 == 0 && a.o_sb % 8 == 0 && a.o_st % 8 == 0 && a.o_sh % 8 == 0;
 }
 
-// e^x where keep, else 0, without a branch: the exponent is selected (−∞
+// 2^x where keep, else 0, without a branch: the exponent is selected (−∞
 // where masked), so masked entries never overflow and the epilogues over the
-// accumulators stay straight-line code.
+// accumulators stay straight-line code. The epilogues pass differences of
+// γ log2(e) (sm_gamma holds γ so scaled): e^{γ_i − γ_j}.
 // ex2.approx with denormal results flushed to zero (no range fix-up around
-// the MUFU, as __expf has), e^{−∞} = 0.
-__device__ __forceinline__ float masked_exp(bool keep, float x) {
+// the MUFU, as __expf has), 2^{−∞} = 0.
+__device__ __forceinline__ float masked_exp2(bool keep, float x) {
   float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"((keep ? x : -INFINITY) * 1.4426950408889634f));
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(keep ? x : -INFINITY));
   return y;
 }
+constexpr float kLog2e = 1.4426950408889634f;
 
 // The tensor maps of q, k and v (tma_load.cuh), a kernel parameter.
 struct TokenMaps {
@@ -183,8 +185,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto p_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffP + stage * kTile64)}; };
   auto tb_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffTb + stage * kTile64)}; };
   float* const sm_t = reinterpret_cast<float*>(smem + kOffT);  // T, [64][kLdF] (producer)
-  // Per-token gate vectors of a chunk, written by the producer's warp 2: γ (the
-  // in-chunk cumsum of g), e^γ and e^{γ_C − γ} (γ_C: the chunk's last γ), three
+  // Per-token gate vectors of a chunk, written by the producer's warp 2: γ log2(e)
+  // (γ: the in-chunk cumsum of g), e^γ and e^{γ_C − γ} (γ_C: the chunk's last γ), three
   // stages each (the state warpgroups read e^γ and e^{γ_C − γ}); β, two stages,
   // for the producer only.
   float* const sm_gamma = reinterpret_cast<float*>(smem + kOffGate);  // [3][64], stage c % 3
@@ -335,8 +337,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float g0 = incl - pair + gr[0], g1 = incl;
       const float g_last = __shfl_sync(0xffffffffu, incl, 31);  // rows >= L add g = 0
       const int gs = int(cc % kKStages) * kChunk, bs = int(cc & 1) * kChunk;
-      sm_gamma[gs + 2 * lane] = g0;
-      sm_gamma[gs + 2 * lane + 1] = g1;
+      sm_gamma[gs + 2 * lane] = g0 * kLog2e;
+      sm_gamma[gs + 2 * lane + 1] = g1 * kLog2e;
       sm_exp_gamma[gs + 2 * lane] = __expf(g0);
       sm_exp_gamma[gs + 2 * lane + 1] = __expf(g1);
       sm_decay[gs + 2 * lane] = __expf(g_last - g0);
@@ -449,8 +451,8 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int j = 0; j < kChunk / 8; ++j) {
               const int col = 8 * j + 2 * t4;
               *reinterpret_cast<uint32_t*>(pt.at(i, col)) =
-                  M::pack(acc_p[4 * j + 2 * half] * masked_exp(col <= i, g_row[half] - g_col[j].x),
-                          acc_p[4 * j + 2 * half + 1] * masked_exp(col + 1 <= i, g_row[half] - g_col[j].y));
+                  M::pack(acc_p[4 * j + 2 * half] * masked_exp2(col <= i, g_row[half] - g_col[j].x),
+                          acc_p[4 * j + 2 * half + 1] * masked_exp2(col + 1 <= i, g_row[half] - g_col[j].y));
             }
           }
         }
@@ -472,9 +474,9 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int j = kDiag; j < kDiag + 4; ++j) {
               const int col = 8 * j + 2 * t4;
               // A: β_i e^{γ_i − γ_j}, 0 on and above the diagonal.
-              tt[col * kLdF + i] = acc[4 * j + 2 * half] * b_row[half] * masked_exp(col < i, g_row[half] - g_col[j].x);
+              tt[col * kLdF + i] = acc[4 * j + 2 * half] * b_row[half] * masked_exp2(col < i, g_row[half] - g_col[j].x);
               tt[(col + 1) * kLdF + i] =
-                  acc[4 * j + 2 * half + 1] * b_row[half] * masked_exp(col + 1 < i, g_row[half] - g_col[j].y);
+                  acc[4 * j + 2 * half + 1] * b_row[half] * masked_exp2(col + 1 < i, g_row[half] - g_col[j].y);
             }
 #pragma unroll
             for (int j = kQuarter; j < kQuarter + 2; ++j) {
@@ -482,13 +484,13 @@ __global__ void __launch_bounds__(kThreads, 1)
               if constexpr (decltype(symmetric)::value) {
                 // (K Kᵀ)[i][col] is A's entry at row col (>= 32 > i), column i.
                 const float2 b_col = *reinterpret_cast<const float2*>(bet + col);
-                tt[(col - 32) * kLdF + 32 + i] = acc[4 * j + 2 * half] * b_col.x * masked_exp(true, g_col[j].x - g_row[half]);
+                tt[(col - 32) * kLdF + 32 + i] = acc[4 * j + 2 * half] * b_col.x * masked_exp2(true, g_col[j].x - g_row[half]);
                 tt[(col + 1 - 32) * kLdF + 32 + i] =
-                    acc[4 * j + 2 * half + 1] * b_col.y * masked_exp(true, g_col[j].y - g_row[half]);
+                    acc[4 * j + 2 * half + 1] * b_col.y * masked_exp2(true, g_col[j].y - g_row[half]);
               } else {
                 *reinterpret_cast<float2*>(tt + (i - 32) * kLdF + 32 + col) =
-                    make_float2(acc[4 * j + 2 * half] * b_row[half] * masked_exp(true, g_row[half] - g_col[j].x),
-                                acc[4 * j + 2 * half + 1] * b_row[half] * masked_exp(true, g_row[half] - g_col[j].y));
+                    make_float2(acc[4 * j + 2 * half] * b_row[half] * masked_exp2(true, g_row[half] - g_col[j].x),
+                                acc[4 * j + 2 * half + 1] * b_row[half] * masked_exp2(true, g_row[half] - g_col[j].y));
               }
             }
           }
