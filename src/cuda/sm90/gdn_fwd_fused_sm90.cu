@@ -806,13 +806,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     // of the warpgroup passed chunk c + 1's barrier, i.e. finished reading it
     // (its own loads, or its bulk copies' reads: bulk::wait_reads).
     if (*sm_write_o) {
-      const int g = lane_again() >> 2, t4 = lane_again() & 3;
       T* const ot = sm_o + stage * kChunk * kLdO;
+      // stmatrix, transposed: the 8x8 blocks (tokens 8 j.., values 16 wr + 8 h..)
+      // of n8 tiles j and j + 1, h = 0, 1; lane 8 m + r gives the address of
+      // token row r of block m (j + m / 2, h = m % 2).
+      const int ln = lane_again(), m = ln >> 3;
+      T* const row = ot + (8 * (m >> 1) + (ln & 7)) * kLdO + v0 + 16 * wr + 8 * (m & 1);
 #pragma unroll
-      for (int j = 0; j < kChunk / 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-          ot[(8 * j + 2 * t4 + (e & 1)) * kLdO + v0 + 16 * wr + g + 8 * (e >> 1)] = T(a.scale * o_acc[4 * j + e]);
+      for (int j = 0; j < kChunk / 8; j += 2) {
+        const float* o = o_acc + 4 * j;
+        mma::stsm_x4_trans(row + 8 * j * kLdO, M::pack(a.scale * o[0], a.scale * o[1]),
+                           M::pack(a.scale * o[2], a.scale * o[3]), M::pack(a.scale * o[4], a.scale * o[5]),
+                           M::pack(a.scale * o[6], a.scale * o[7]));
       }
       const int mode = *sm_write_o;
       if (mode == kOutputBulk) {

@@ -143,6 +143,16 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
                : "r"(smem_addr(p)));
 }
 
+// Stores four 8x8 matrices transposed: register i holds this lane's pair of
+// matrix i in the mma.sync C/A layout (row lane / 4, columns 2 (lane % 4)..+1);
+// lanes 8 i..8 i + 7 give the addresses of matrix i's 8 stored rows (16 bytes
+// each), i.e. of its columns.
+__device__ __forceinline__ void stsm_x4_trans(void* p, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(smem_addr(p)), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // Shared-memory tiles of 16-bit elements, addressed by (row, column):
 // - PaddedTile: row-major with a padded row stride (ld elements);
 // - CoreTile: 8x8 core matrices (8 rows of 8 contiguous elements, 128 bytes),
