@@ -4,9 +4,9 @@
 
 #include "core/trace.h"
 #include "cuda/fused_forward_support.h"
+#include "cuda/sm90/bulk_store.cuh"
 #include "cuda/sm90/device_common.cuh"
 #include "cuda/sm90/forward_work_item.cuh"
-#include "cuda/sm90/bulk_store.cuh"
 #include "cuda/sm90/tma_load.cuh"
 #include "cuda/sm90/token_tensor_map.h"
 #include "cuda/sm90/warp_mma.cuh"
@@ -640,12 +640,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   StateTarget* const sm_final = reinterpret_cast<StateTarget*>(smem + kOffFinal);
   // Read back in the loop through volatile pointers: as plain loads of values
   // the loop does not write, they would be hoisted out of it into registers.
-  volatile int* const sm_write_o = reinterpret_cast<int*>(smem + kOffFinal + 40);
+  volatile int* const sm_output_mode = reinterpret_cast<int*>(smem + kOffFinal + 40);
   static_assert(sizeof(StateTarget) <= 40, "the final-state target fits its slot");
   T* volatile* const sm_o_rows = reinterpret_cast<T**>(smem + kOffFinal + 48);
   if (tid == 0) {
     *sm_final = item.final_state;
-    *sm_write_o = item.write_o ? (output_rows_bulk_copyable(a) ? kOutputBulk : kOutputRows) : kOutputNone;
+    *sm_output_mode = item.write_o ? (output_rows_bulk_copyable(a) ? kOutputBulk : kOutputRows) : kOutputNone;
     *sm_o_rows = static_cast<T*>(a.o) + row * a.o_sb + hv * a.o_sh + int64_t(bos) * a.o_st;  // the item's first token
   }
 
@@ -684,7 +684,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   // Loop-carried scalars kept few (the chunk loop's register peak is step 1).
   const int nc = int(n_chunks);
-  named_sync(kBarState, kStateThreads);  // sm_final, sm_write_o written
+  named_sync(kBarState, kStateThreads);  // sm_final, sm_output_mode written
   FUSED_PROFILE_BEGIN();
   for (int c = 0; c < nc; ++c) {
     const int stage = c & 1;
@@ -789,7 +789,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(nf[kb], wgmma::kmajor_desc(pt, 16 * kb), o_acc);
       wgmma::commit();
-      if (c > 0 && *sm_write_o == kOutputRows) store_output_rows(c - 1, kChunk);  // chunk c − 1 was whole
+      if (c > 0 && *sm_output_mode == kOutputRows) store_output_rows(c - 1, kChunk);  // chunk c − 1 was whole
       wgmma::wait<0>();
       wgmma::fence_operands(o_acc);
       wgmma::fence_operands(s_acc);
@@ -805,7 +805,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // The tile has two stages: chunk c + 2 writes this one after every thread
     // of the warpgroup passed chunk c + 1's barrier, i.e. finished reading it
     // (its own loads, or its bulk copies' reads: bulk::wait_reads).
-    if (*sm_write_o) {
+    if (*sm_output_mode) {
       T* const ot = sm_o + stage * kChunk * kLdO;
       // stmatrix, transposed: the 8x8 blocks (tokens 8 j.., values 16 wr + 8 h..)
       // of n8 tiles j and j + 1, h = 0, 1; lane 8 m + r gives the address of
@@ -819,7 +819,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                            M::pack(a.scale * o[2], a.scale * o[3]), M::pack(a.scale * o[4], a.scale * o[5]),
                            M::pack(a.scale * o[6], a.scale * o[7]));
       }
-      const int mode = *sm_write_o;
+      const int mode = *sm_output_mode;
       if (mode == kOutputBulk) {
         wgmma::fence_shared_for_async();  // the tile is the bulk copies' source
         bulk::wait_reads();  // chunk c − 1's copies (the other stage) have read it
@@ -836,7 +836,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     FUSED_PHASE(6);
   }
-  if (nc > 0 && *sm_write_o == kOutputRows) store_output_rows(nc - 1, min(kChunk, eos - bos - (nc - 1) * kChunk));
+  if (nc > 0 && *sm_output_mode == kOutputRows) store_output_rows(nc - 1, min(kChunk, eos - bos - (nc - 1) * kChunk));
   bulk::wait_all();  // o written before the CTA's shared memory goes (no-op without bulk copies)
   FUSED_PROFILE_END(n_chunks);
 
