@@ -5,7 +5,8 @@
 # SASS instruction. Writes prof.ncu-rep, source.csv and details.csv to $OUT.
 # Needs third_party/ from scripts/prepare_device.sh. An argument profiles the
 # sources of a version exported by scripts/export_versions.sh instead
-# (scripts/ncu_fused.sh versions/<name>/).
+# (scripts/ncu_fused.sh versions/<name>/). benchmarks/tools/ncu_by_line.py sums
+# source.csv by source line (here, with a -lineinfo cubin of the same sources).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/flashqla-ncu}"
