@@ -758,9 +758,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       wgmma::fence(nv_acc);
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(vf[kb], wgmma::kmajor_desc(tb, 16 * kb), nv_acc);
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_operands(nv_acc);
+      wgmma::commit_and_wait(nv_acc);
     }
     FUSED_PHASE(4);
     asm volatile("" ::: "memory");  // the next step's shared-memory loads stay in it
