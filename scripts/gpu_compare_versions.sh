@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: builds the fused kernel's timing tool
-# (benchmarks/tools/fused_phase_profile.cu) for every version exported by
+# (benchmarks/tools/fused_phase_profile.cu, this checkout's) for every version exported by
 # scripts/export_versions.sh into versions/, plain and with the phase profile,
 # and runs them one after the other: per-chunk latency, phase cycles and the
 # relative difference to the simple kernel (and each side alone),
@@ -18,7 +18,9 @@ for dir in versions/*/; do
   name=$(basename "${dir}")
   flags=(-std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I"${dir}include" -I"${dir}src"
          -Ithird_party/cutlass/include)
-  sources=("${dir}benchmarks/tools/fused_phase_profile.cu" "${dir}src/cuda/sm90/gdn_fwd_simple_sm90.cu")
+  # The timing tool of this checkout for every version (the same shapes and
+  # timing for all; its interface, launch_gdn_fwd_fused, is each version's).
+  sources=(benchmarks/tools/fused_phase_profile.cu "${dir}src/cuda/sm90/gdn_fwd_simple_sm90.cu")
   nvcc "${flags[@]}" "${sources[@]}" -o "/tmp/timing_${name}" > "${build_logs}/${name}.log" 2>&1 &
   nvcc "${flags[@]}" -DFLASHQLA_FUSED_PROFILE "${sources[@]}" -o "/tmp/profile_${name}" \
     > "${build_logs}/${name}-profile.log" 2>&1 &

@@ -1,19 +1,21 @@
 // Development tool: phase timing of the fused forward kernel. Builds the kernel
-// with FLASHQLA_FUSED_PROFILE (cycles per phase of CTA 0, read back) and times one
-// launch of each configuration with CUDA events, and compares o with the simple
+// with FLASHQLA_FUSED_PROFILE (cycles per phase of CTA 0, read back) and times five
+// launches of each shape with CUDA events, and compares o with the simple
 // kernel's on the same inputs. Built without the define, it times the kernel
 // as built for the library. On the GPU machine:
 //   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -DFLASHQLA_FUSED_PROFILE -Iinclude -Isrc \
 //     -Ithird_party/cutlass/include \
 //     benchmarks/tools/fused_phase_profile.cu src/cuda/sm90/gdn_fwd_simple_sm90.cu -o /tmp/fused_phase_profile
-//   /tmp/fused_phase_profile
+//   /tmp/fused_phase_profile          (every shape; "/tmp/fused_phase_profile 2,3" only those)
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "cuda/sm90/gdn_fwd_fused_sm90.cu"
 #include "cuda/sm90/gdn_fwd_simple_sm90.h"
-#include <cmath>
 
 namespace {
 
@@ -84,16 +86,27 @@ void run(int64_t B, int64_t T, int64_t H, int64_t HV, bool l2norm = false) {
   }
   std::printf("\n");
 #endif
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  cudaEventRecord(e0);
-  check(flashqla::cuda::launch_gdn_fwd_fused(a, nullptr), "launch");
-  cudaEventRecord(e1);
+  // Timed: kTimedLaunches launches after the one above, each between its own
+  // events (the mean is the figure; the min shows how far the launches spread).
+  constexpr int kTimedLaunches = 5;
+  cudaEvent_t e[kTimedLaunches + 1];
+  for (auto& ev : e) cudaEventCreate(&ev);
+  cudaEventRecord(e[0]);
+  for (int i = 0; i < kTimedLaunches; ++i) {
+    check(flashqla::cuda::launch_gdn_fwd_fused(a, nullptr), "launch");
+    cudaEventRecord(e[i + 1]);
+  }
   check(cudaDeviceSynchronize(), "sync");
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
-  std::printf("  %.3f ms, %.2f us per chunk of one CTA's chain\n", ms, 1000.0 * ms / ((T + 63) / 64));
+  float total = 0, fastest = 1e30f;
+  for (int i = 0; i < kTimedLaunches; ++i) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e[i], e[i + 1]);
+    total += ms;
+    fastest = std::min(fastest, ms);
+  }
+  const float ms = total / kTimedLaunches;
+  std::printf("  %.3f ms, %.2f us per chunk of one CTA's chain (mean of %d launches, min %.3f ms)\n", ms,
+              1000.0 * ms / ((T + 63) / 64), kTimedLaunches, fastest);
   const int64_t count = B * T * HV * D;
   std::vector<__nv_bfloat16> fused(count), simple(count);
   check(cudaMemcpy(fused.data(), o, count * 2, cudaMemcpyDeviceToHost), "copy");
@@ -110,10 +123,35 @@ void run(int64_t B, int64_t T, int64_t H, int64_t HV, bool l2norm = false) {
 
 }  // namespace
 
-int main() {
-  run(1, 8192, 1, 1);
-  run(2, 1000, 1, 2);
-  run(4, 8192, 16, 64);
-  run(2, 1000, 1, 2, true);  // the rows' preparation in the producer (q/k l2norm, a partial last chunk)
+// The shapes, in order; an argument "i,j,..." runs only those (for a profiler).
+int main(int argc, char** argv) {
+  struct Shape {
+    int64_t B, T, H, HV;
+    bool l2norm;
+  };
+  const Shape shapes[] = {
+      {1, 8192, 1, 1, false},    // one chain: the per-chunk latency
+      {2, 1000, 1, 2, false},    // short chains with a partial last chunk
+      {4, 8192, 16, 64, false},  // 256 chains: two waves on 132 SMs
+      {4, 8192, 16, 32, false},  // 128 chains: one wave
+      {2, 1000, 1, 2, true},     // the rows' preparation in the producer (q/k l2norm, a partial last chunk)
+  };
+  const int n = int(sizeof(shapes) / sizeof(shapes[0]));
+  std::vector<int> pick;
+  if (argc > 1) {
+    for (const char* p = argv[1]; *p;) {
+      char* end;
+      const long i = std::strtol(p, &end, 10);
+      if (end == p || i < 0 || i >= n) {
+        std::fprintf(stderr, "usage: %s [shape indices 0..%d, comma-separated]\n", argv[0], n - 1);
+        return 2;
+      }
+      pick.push_back(int(i));
+      p = *end == ',' ? end + 1 : end;
+    }
+  } else {
+    for (int i = 0; i < n; ++i) pick.push_back(i);
+  }
+  for (int i : pick) run(shapes[i].B, shapes[i].T, shapes[i].H, shapes[i].HV, shapes[i].l2norm);
   return 0;
 }
