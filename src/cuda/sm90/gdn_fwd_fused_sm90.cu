@@ -582,6 +582,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       {
         const int qi = pwarp >> 1, qj = pwarp & 1;
         float m[2][4] = {};
+#pragma unroll 1
         for (int kk = 0; kk <= qi; ++kk)
           mma::mma_tf32_16x16x16(m, tt + (32 + 16 * qi) * kLdF + 32 + 16 * kk, kLdF, tt + 16 * kk * kLdF + 32 + 16 * qj,
                                  kLdF, lane);
@@ -590,6 +591,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         named_sync(kBarProducer, kProducerThreads);
         // ...and T_10 = −M T_00 into T's block below the diagonal.
         float t[2][4] = {};
+#pragma unroll 1
         for (int kk = qj; kk < 2; ++kk)
           mma::mma_tf32_16x16x16(t, tt + 16 * qi * kLdF + 32 + 16 * kk, kLdF, tt + 16 * kk * kLdF + 16 * qj, kLdF, lane);
         // T_10 in 16 bits times β of its columns straight into Tβ (the fp32
