@@ -24,7 +24,5 @@ __device__ __forceinline__ void commit() { asm volatile("cp.async.bulk.commit_gr
 // Every committed group of this thread has finished reading its shared source.
 __device__ __forceinline__ void wait_reads() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
-// Every committed group of this thread is complete (its writes done).
-__device__ __forceinline__ void wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 }  // namespace flashqla::cuda::bulk

@@ -837,7 +837,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     FUSED_PHASE(6);
   }
   if (nc > 0 && *sm_output_mode == kOutputRows) store_output_rows(nc - 1, min(kChunk, eos - bos - (nc - 1) * kChunk));
-  bulk::wait_all();  // o written before the CTA's shared memory goes (no-op without bulk copies)
+  // The output tile read by the last bulk copies before the CTA's shared memory
+  // goes (no-op without bulk copies); their writes to o complete on their own,
+  // as kernel stores do, by the end of the grid.
+  bulk::wait_reads();
   FUSED_PROFILE_END(n_chunks);
 
   const StateTarget final_state = *sm_final;
