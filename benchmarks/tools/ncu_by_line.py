@@ -71,6 +71,7 @@ def main():
     if len(sass) != len(data):
         raise SystemExit(f"{len(data)} profiled instructions, {len(sass)} in the cubin: not the same build")
     lo, hi = (int(v) for v in args.range.split(":")) if args.range else (0, len(data))
+    lo, hi = max(lo, 0), min(hi, len(data))
 
     by_line = defaultdict(lambda: [0.0, 0.0])
     reasons = Counter()
