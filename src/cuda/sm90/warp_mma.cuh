@@ -63,11 +63,12 @@ struct Mma<__half> {
   }
 };
 
-__device__ __forceinline__ uint32_t to_tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
+// An fp32 value as a tf32 MMA operand, rounded to nearest (ties away from zero):
+// the MMA ignores an operand's low 13 bits, so adding half of their range
+// rounds the magnitude. The same bits as cvt.rna.tf32.f32 for finite values
+// in one integer add (ptxas adds an infinity check to the cvt: two
+// instructions); infinities and NaNs are not preserved.
+__device__ __forceinline__ uint32_t to_tf32(float x) { return __float_as_uint(x) + 0x1000u; }
 
 // One m16n8k8 tf32 MMA: c += A (16x8, fragment af) B (8x8, fragments b0, b1).
 __device__ __forceinline__ void mma_tf32_m16n8k8(float (&c)[4], const uint32_t (&af)[4], uint32_t b0, uint32_t b1) {
