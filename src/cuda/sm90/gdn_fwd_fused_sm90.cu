@@ -58,7 +58,7 @@ __device__ __forceinline__ int lane_again() {
 
 template <int kRegisters>
 __device__ __forceinline__ void set_max_registers() {
-  if constexpr (kRegisters > 168) {
+  if constexpr (kRegisters > kLaunchRegisters) {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
   } else {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
