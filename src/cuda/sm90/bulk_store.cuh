@@ -24,5 +24,4 @@ __device__ __forceinline__ void commit() { asm volatile("cp.async.bulk.commit_gr
 // Every committed group of this thread has finished reading its shared source.
 __device__ __forceinline__ void wait_reads() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
-
 }  // namespace flashqla::cuda::bulk
