@@ -68,8 +68,9 @@ __device__ __forceinline__ void set_max_registers() {
 // Shared memory (bytes). Three stages of q, k and the gate vectors γ, e^γ,
 // e^{γ_C − γ} (the producer loads or forms chunk c + 1's while it works on c and
 // the state warpgroups on c − 1), two of v, P, Tβ and β (the chunk the producer
-// hands over and the one the state warpgroups run); one of everything else. Every 16-bit tile is a core-matrix
-// tile (ldmatrix reads it without bank conflicts, wgmma through a descriptor).
+// hands over and the one the state warpgroups run); one of everything else.
+// Every 16-bit tile is a core-matrix tile (ldmatrix reads it without bank
+// conflicts, wgmma through a descriptor).
 // T is the producer's own padded fp32 [64][68] tile: it builds T there in place
 // from A's two 32x32 diagonal blocks, and keeps A's block below them (then
 // M = T_11 A_10) in the block above, which T does not use. O goes out through
