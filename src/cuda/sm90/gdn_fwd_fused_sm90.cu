@@ -72,8 +72,9 @@ __device__ __forceinline__ void set_max_registers() {
 // Every 16-bit tile is a core-matrix tile (ldmatrix reads it without bank
 // conflicts, wgmma through a descriptor).
 // T is the producer's own padded fp32 [64][68] tile: it builds T there in place
-// from A's two 32x32 diagonal blocks, and keeps A's block below them (then
-// M = T_11 A_10) in the block above, which T does not use. O goes out through
+// from A's two 32x32 diagonal blocks, keeps A's block below them in the block
+// above, which T does not use, and M = T_11 A_10 in the block below (T_10 goes
+// to Tβ only). O goes out through
 // a padded [64 tokens][136] tile, two stages (each state warpgroup its 64
 // value columns), so that its rows leave in coalesced stores.
 using mma::CoreTile;
@@ -579,22 +580,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Last, the 32x32 block below the diagonal, T_10 = −T_11 A_10 T_00, in two
       // tf32 levels of 16x16 quadrants (warp w: quadrant (w / 2, w % 2)); T_11 and T_00 are
       // lower triangular, so only their quadrants on and below the diagonal
-      // enter. M = T_11 A_10 goes over A_10 once every warp has read it...
+      // enter. M = T_11 A_10 goes to T's block below the diagonal (not
+      // otherwise used: T_10 goes to Tβ only)...
       {
         const int qi = pwarp >> 1, qj = pwarp & 1;
+        float* const m_tile = tt + 32 * kLdF;  // M[r][c] at m_tile[r kLdF + c]
         float m[2][4] = {};
 #pragma unroll 1
         for (int kk = 0; kk <= qi; ++kk)
           mma::mma_tf32_16x16x16(m, tt + (32 + 16 * qi) * kLdF + 32 + 16 * kk, kLdF, tt + 16 * kk * kLdF + 32 + 16 * qj,
                                  kLdF, lane);
+        mma::store_c_16x16(m_tile + 16 * qi * kLdF + 16 * qj, kLdF, m, 1.f, lane);
         named_sync(kBarProducer, kProducerThreads);
-        mma::store_c_16x16(tt + 16 * qi * kLdF + 32 + 16 * qj, kLdF, m, 1.f, lane);
-        named_sync(kBarProducer, kProducerThreads);
-        // ...and T_10 = −M T_00 into T's block below the diagonal.
+        // ...and T_10 = −M T_00.
         float t[2][4] = {};
 #pragma unroll 1
         for (int kk = qj; kk < 2; ++kk)
-          mma::mma_tf32_16x16x16(t, tt + 16 * qi * kLdF + 32 + 16 * kk, kLdF, tt + 16 * kk * kLdF + 16 * qj, kLdF, lane);
+          mma::mma_tf32_16x16x16(t, m_tile + 16 * qi * kLdF + 16 * kk, kLdF, tt + 16 * kk * kLdF + 16 * qj, kLdF, lane);
         // T_10 in 16 bits times β of its columns straight into Tβ (the fp32
         // copy is not read again).
         const int g = lane_again() >> 2, t4 = lane_again() & 3;
