@@ -22,14 +22,14 @@ for dir in versions/*/; do
   # timing for all; its interface, launch_gdn_fwd_fused, is each version's).
   sources=(benchmarks/tools/fused_phase_profile.cu "${dir}src/cuda/sm90/gdn_fwd_simple_sm90.cu")
   nvcc "${flags[@]}" "${sources[@]}" -o "/tmp/timing_${name}" > "${build_logs}/${name}.log" 2>&1 &
-  nvcc "${flags[@]}" -DFLASHQLA_FUSED_PROFILE "${sources[@]}" -o "/tmp/profile_${name}" \
+  nvcc "${flags[@]}" -Xptxas=-v -DFLASHQLA_FUSED_PROFILE "${sources[@]}" -o "/tmp/profile_${name}" \
     > "${build_logs}/${name}-profile.log" 2>&1 &
   [[ ${quick} -eq 1 ]] && continue
   # The producer alone (the state warpgroups only release stages).
-  nvcc "${flags[@]}" -DFLASHQLA_FUSED_PROFILE -DFLASHQLA_FUSED_ISOLATE=2 "${sources[@]}" -o "/tmp/producer_${name}" \
+  nvcc "${flags[@]}" -Xptxas=-v -DFLASHQLA_FUSED_PROFILE -DFLASHQLA_FUSED_ISOLATE=2 "${sources[@]}" -o "/tmp/producer_${name}" \
     > "${build_logs}/${name}-producer.log" 2>&1 &
   # The state warpgroups alone (the producer works on the first two chunks only).
-  nvcc "${flags[@]}" -DFLASHQLA_FUSED_PROFILE -DFLASHQLA_FUSED_ISOLATE=1 "${sources[@]}" -o "/tmp/state_${name}" \
+  nvcc "${flags[@]}" -Xptxas=-v -DFLASHQLA_FUSED_PROFILE -DFLASHQLA_FUSED_ISOLATE=1 "${sources[@]}" -o "/tmp/state_${name}" \
     > "${build_logs}/${name}-state.log" 2>&1 &
 done
 wait
@@ -39,6 +39,12 @@ for dir in versions/*/; do
   if [[ ! -x "/tmp/timing_${name}" ]]; then
     echo "build failed:"; tail -n 15 "${build_logs}/${name}.log"; continue
   fi
+  # A profile build that spills or serializes its wgmmas times another kernel.
+  for log in "${build_logs}/${name}"-*.log; do
+    if grep -qE "[1-9][0-9]* bytes spill stores|C7512" "${log}"; then
+      echo "  WARNING: $(basename "${log}" .log) spills or serializes wgmmas: its cycles and times do not describe the kernel"
+    fi
+  done
   timeout 60 "/tmp/timing_${name}" 2>&1 | grep -E "^B=|us per chunk|relative difference|error" 
   [[ -x "/tmp/profile_${name}" ]] && timeout 60 "/tmp/profile_${name}" 2>&1 | grep -E "cycles per chunk|producer:" | head -n 2
   if [[ -x "/tmp/producer_${name}" ]]; then

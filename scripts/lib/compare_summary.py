@@ -21,11 +21,14 @@ def main(path):
     for line in open(path, encoding="utf-8"):
         if line.startswith("=== "):
             name = line[4:].split(":", 1)[0]
-            current = {"name": name, "cases": {}, "diff": None, "producer": "-", "state": "-"}
+            current = {"name": name, "cases": {}, "diff": None, "producer": "-", "state": "-", "distorted": False}
             versions.append(current)
             section, case = "timing", None
             continue
         if current is None:
+            continue
+        if line.strip().startswith("WARNING:"):
+            current["distorted"] = True
             continue
         if line.strip() == "producer alone:":
             section = "producer"
@@ -56,6 +59,10 @@ def main(path):
         cells = [v["cases"].get(c, "-") for c in cases]
         diff = "-" if v["diff"] is None else f"{v['diff']:.2e}"
         print(f"| {v['name']} | " + " | ".join(cells) + f" | {diff} | {v['producer']} | {v['state']} |")
+    distorted = [v["name"] for v in versions if v["distorted"]]
+    if distorted:
+        print(f"\nProfile builds that spill or serialize their wgmmas (their phase cycles and 'alone' "
+              f"figures do not describe the kernel): {', '.join(distorted)}")
 
 
 if __name__ == "__main__":

@@ -97,7 +97,13 @@ constexpr int kGateFloats = (3 * kKStages + 2) * kChunk;  // γ, e^γ, e^{γ_C �
 // and a chained piece's counters (to raise at the end, to wait for at the start).
 constexpr int kOffFinal = kOffGate + kGateFloats * 4;
 constexpr int kOffBar = kOffFinal + 80;  // mbarriers: k stages, then q/v stages
-constexpr int kSmemBytes = kOffBar + (kKStages + 2) * 8;
+#ifdef FLASHQLA_FUSED_PROFILE
+constexpr int kProfileSlots = 17;  // the phase profile's cycles (below), in shared memory
+#else
+constexpr int kProfileSlots = 0;
+#endif
+constexpr int kOffProfile = kOffBar + (kKStages + 2) * 8;
+constexpr int kSmemBytes = kOffProfile + kProfileSlots * 8;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one CTA");
 static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits in T's tile");
 
@@ -111,28 +117,35 @@ static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits
 #endif
 
 // Phase timing for kernel development: build with -DFLASHQLA_FUSED_PROFILE
-// (benchmarks/tools/fused_phase_profile.cu). Every thread adds the cycles
-// between its phase marks in registers; at the end CTA 0's first state thread
-// and first producer thread add theirs to fused_profile_cycles (state phases
-// 0..2 and 4..7, producer phases 3, 8..15, the chunk count in 16), which the tool reads
-// back (no printf: a call in the kernel would serialize its wgmma pipeline).
+// (benchmarks/tools/fused_phase_profile.cu). The first state thread and the
+// first producer thread add the cycles between their phase marks to shared
+// memory (state phases 0..2 and 4..7, producer phases 3 and 8..15; in registers
+// the counters made the state warpgroups spill and serialize their wgmmas, so
+// the profile timed another kernel); at the end CTA 0's add them and the chunk
+// count (slot 16) to fused_profile_cycles, which the tool reads back (no
+// printf: a call in the kernel would serialize its wgmma pipeline).
 #ifdef FLASHQLA_FUSED_PROFILE
-constexpr int kProfileSlots = 17;
 __device__ long long fused_profile_cycles[kProfileSlots];
-#define FUSED_PHASE(i)                    \
-  do {                                    \
-    const long long now_ = clock64();     \
-    profile[i] += now_ - phase_start;     \
-    phase_start = now_;                   \
+#define FUSED_PHASE(i)                          \
+  do {                                          \
+    if (profiling) {                            \
+      const long long now_ = clock64();         \
+      profile[i] += now_ - phase_start;         \
+      phase_start = now_;                       \
+    }                                           \
   } while (0)
-#define FUSED_PROFILE_BEGIN() \
-  long long profile[kProfileSlots] = {}, phase_start = clock64()
-#define FUSED_PROFILE_END(n)                                                              \
-  do {                                                                                    \
-    if (blockIdx.x == 0 && (threadIdx.x == 0 || threadIdx.x == kStateThreads)) {          \
-      for (int i_ = 0; i_ < kProfileSlots - 1; ++i_) fused_profile_cycles[i_] += profile[i_]; \
-      if (threadIdx.x == 0) fused_profile_cycles[kProfileSlots - 1] += (n);               \
-    }                                                                                     \
+#define FUSED_PROFILE_BEGIN()                                                        \
+  long long* const profile = reinterpret_cast<long long*>(smem + kOffProfile);       \
+  const bool profiling = threadIdx.x == 0 || threadIdx.x == kStateThreads;           \
+  long long phase_start = clock64()
+#define FUSED_PROFILE_END(n)                                                             \
+  do {                                                                                   \
+    if (blockIdx.x == 0 && profiling) {                                                  \
+      const bool producer_ = threadIdx.x == kStateThreads;                               \
+      for (int i_ = 0; i_ < kProfileSlots - 1; ++i_)                                     \
+        if ((i_ == 3 || i_ >= 8) == producer_) fused_profile_cycles[i_] += profile[i_];  \
+      if (!producer_) fused_profile_cycles[kProfileSlots - 1] += (n);                    \
+    }                                                                                    \
   } while (0)
 #else
 #define FUSED_PHASE(i) \
@@ -226,6 +239,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   unsigned* volatile* const sm_wait = reinterpret_cast<unsigned**>(smem + kOffFinal + 64);
   volatile unsigned* const sm_wait_for = reinterpret_cast<unsigned*>(smem + kOffFinal + 72);
   if (tid == 0) {
+    for (int i = 0; i < kProfileSlots; ++i) reinterpret_cast<long long*>(smem + kOffProfile)[i] = 0;
     for (int i = 0; i < kKStages + 2; ++i) tma::barrier_init(bar_k + i, 1);
     tma::fence_barrier_init();
     *sm_signal = item.link.signal ? item.link.counter : nullptr;
