@@ -362,7 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       sm_beta[bs + 2 * lane] = br[0];
       sm_beta[bs + 2 * lane + 1] = br[1];
     };
-    if (pwarp == 2 && n_chunks > 0) {  // chunk 0's before the loop (its first barrier orders them)
+    if (pwarp == 2 && n_chunks > 0) {  // chunk 0's before the loop (the barrier below orders them)
       load_gates(0, g_next, b_next);
       compute_gates(0);
     }
@@ -412,6 +412,10 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                        acc_p);
       wgmma::commit();
     };
+    // Chunk 0's gates written (warp 2) before any warp reads them: no other
+    // barrier of the producer's comes between (the loads' barriers order TMA's
+    // writes only).
+    named_sync(kBarProducer, kProducerThreads);
     FUSED_PROFILE_BEGIN();
     if (n_chunks > 0 && kLoadedChunks > 0) issue_kkt(0);
     for (int64_t c = 0; c < n_chunks + 2; ++c) {
