@@ -408,6 +408,32 @@ std::vector<GpuFwdConfig> gpu_forward_configs() {
   f.name = "K256_V256";
   f.K = f.V = 256;
   v.push_back(f);
+  // Many sequences (serving batches), far more work items than SMs: lengths
+  // 0 .. max_len from a fixed generator (empty sequences, partial and whole
+  // chunks). Up to 512 sequences the fused kernel ranks them longest first on
+  // the device; beyond, it takes them in order.
+  auto many_sequences = [](int64_t n, int64_t max_len) {
+    std::vector<int64_t> cu{0};
+    uint32_t state = 12345u;
+    for (int64_t i = 0; i < n; ++i) {
+      state = state * 1664525u + 1013904223u;
+      cu.push_back(cu.back() + int64_t((state >> 8) % uint32_t(max_len + 1)));
+    }
+    return cu;
+  };
+  {
+    GpuFwdConfig m;
+    m.name = "many_sequences_ranked";
+    m.cu_seqlens = many_sequences(300, 160);
+    m.H = 2;
+    m.HV = 4;
+    v.push_back(m);
+    m.name = "many_sequences_in_order";
+    m.cu_seqlens = many_sequences(600, 96);
+    m.H = 1;
+    m.HV = 2;
+    v.push_back(m);
+  }
   // Sequence pieces, forced: the two piece passes, and chained pieces (one
   // launch, each piece from its predecessor's end state) with several rounds.
   for (const char* mode : {"1", "2"}) {

@@ -98,7 +98,7 @@ constexpr int kGateFloats = (3 * kKStages + 2) * kChunk;  // γ, e^γ, e^{γ_C �
 constexpr int kOffFinal = kOffGate + kGateFloats * 4;
 constexpr int kOffBar = kOffFinal + 80;  // mbarriers: k stages, then q/v stages
 #ifdef FLASHQLA_FUSED_PROFILE
-constexpr int kProfileSlots = 17;  // the phase profile's cycles (below), in shared memory
+constexpr int kProfileSlots = 20;  // the phase profile's cycles (below), in shared memory
 #else
 constexpr int kProfileSlots = 0;
 #endif
@@ -119,10 +119,10 @@ static_assert((kMaxRankedSequences + 1) * 8 <= kTileF, "the ranking scratch fits
 // Phase timing for kernel development: build with -DFLASHQLA_FUSED_PROFILE
 // (benchmarks/tools/fused_phase_profile.cu). The first state thread and the
 // first producer thread add the cycles between their phase marks to shared
-// memory (state phases 0..2 and 4..7, producer phases 3 and 8..15; in registers
+// memory (state phases 0..2 and 4..6, producer phases 3, 7 and 8..18; in registers
 // the counters made the state warpgroups spill and serialize their wgmmas, so
 // the profile timed another kernel); at the end CTA 0's add them and the chunk
-// count (slot 16) to fused_profile_cycles, which the tool reads back (no
+// count (the last slot) to fused_profile_cycles, which the tool reads back (no
 // printf: a call in the kernel would serialize its wgmma pipeline).
 #ifdef FLASHQLA_FUSED_PROFILE
 __device__ long long fused_profile_cycles[kProfileSlots];
@@ -143,7 +143,7 @@ __device__ long long fused_profile_cycles[kProfileSlots];
     if (blockIdx.x == 0 && profiling) {                                                  \
       const bool producer_ = threadIdx.x == kStateThreads;                               \
       for (int i_ = 0; i_ < kProfileSlots - 1; ++i_)                                     \
-        if ((i_ == 3 || i_ >= 8) == producer_) fused_profile_cycles[i_] += profile[i_];  \
+        if ((i_ == 3 || i_ >= 7) == producer_) fused_profile_cycles[i_] += profile[i_];  \
       if (!producer_) fused_profile_cycles[kProfileSlots - 1] += (n);                    \
     }                                                                                    \
   } while (0)
@@ -461,6 +461,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma::wait<0>();
         wgmma::fence_operands(acc);
         wgmma::fence_operands(acc_p);
+        FUSED_PHASE(16);
         // P: the warp's 16 token rows, e^{γ_i − γ_j}, 0 above the diagonal.
         {
           const CoreTile<T, kChunk> pt = p_tile(stage);
@@ -476,6 +477,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             }
           }
         }
+        FUSED_PHASE(17);
         // The epilogue, the same work for every warp: its 16 rows of its 32x32
         // diagonal block, transposed into T's (inverted there in place; the
         // substitution reads them so, conflict-free), and a quarter of the block
@@ -565,7 +567,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+      FUSED_PHASE(7);
       named_sync(kBarProducer, kProducerThreads);
+      FUSED_PHASE(18);
       // Then, inside each 32x32 diagonal block (warp w < 2: the block at 32 w),
       // its block below the diagonal, T_10 = −T_11 A_10 T_00 (16x16, tf32):
       // A_10 read where the epilogue left it (transposed, in the block's unused
