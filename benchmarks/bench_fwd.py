@@ -96,6 +96,11 @@ def time_graph(fn, flush, reps, warmup=3):
         method = "eager"
         run = fn
     torch.cuda.synchronize()
+    return mean_event_ms(run, flush, reps), method
+
+
+def mean_event_ms(run, flush, reps):
+    """Mean ms of `reps` calls of run, each after an L2 flush, between CUDA events."""
     times = []
     for _ in range(reps):
         flush()
@@ -105,7 +110,7 @@ def time_graph(fn, flush, reps, warmup=3):
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.mean(times), method
+    return statistics.mean(times)
 
 
 def fla_forward():

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,7 +26,7 @@ os.environ.setdefault("FLASHQLA_SEQUENCE_PARALLEL", "0")  # whole chains: the li
 import torch  # noqa: E402
 
 import flashqla  # noqa: E402
-from bench_fwd import L2Flush, make_inputs  # noqa: E402
+from bench_fwd import L2Flush, make_inputs, mean_event_ms  # noqa: E402
 
 
 def kernel_us(run, flush, reps):
@@ -41,19 +40,6 @@ def kernel_us(run, flush, reps):
         torch.cuda.synchronize()
     times = [e.device_time for e in prof.events() if "gdn_fwd" in e.name]
     return sum(times) / max(1, reps), len(times) / max(1, reps)
-
-
-def event_us(run, flush, reps):
-    times = []
-    for _ in range(reps):
-        flush()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return statistics.mean(times)
 
 
 def fit(points):
@@ -82,7 +68,7 @@ def measure(label, n_seq, h_qk, h_v, states, lengths, flush, reps):
             fn()
         graph.replay()
         torch.cuda.synchronize()
-        e = event_us(graph.replay, flush, reps)
+        e = 1000 * mean_event_ms(graph.replay, flush, reps)
         k, launches = kernel_us(graph.replay, flush, reps)
         ev.append((T // 64, e))
         kn.append((T // 64, k))
