@@ -1,13 +1,16 @@
 """Where the fixed cost of a forward call goes: time against sequence length.
 
 For one wave of chains (4 sequences x 32 value heads: 128 chains on the H200's
-132 SMs), two waves (8 x 32) and one chain, times flashqla's forward with bench_fwd.py's method (CUDA-graph
-replay after an L2 flush, CUDA events, mean) over sequence lengths, and the fused
-kernel's own duration (CUPTI, torch.profiler) for the same replays. A straight
-line through (chunks, time) gives the cost a chunk (slope) and a call's fixed
-cost (intercept); the difference between event and kernel time is the launch.
+132 SMs), two waves (8 x 32) and one chain, times flashqla's forward with
+bench_fwd.py's method (CUDA-graph replay after an L2 flush, CUDA events, mean)
+over sequence lengths, and the fused kernel's own duration (CUPTI,
+torch.profiler) for the same replays. A straight line through (chunks, time)
+gives the cost a chunk (slope) and a call's fixed cost (intercept); the
+difference between event and kernel time is the launch. Sequence pieces are
+off (whole chains).
 
     python benchmarks/tools/fixed_cost.py [--reps 20] [--states none,h0,ht,both]
+        [--lengths 512,1024,2048,4096,8192] [--shapes wave,two,chain]
 
 --states picks which of the initial state (h0) and the final state (ht) the calls
 have: their loads and stores are part of a CTA's fixed cost.
