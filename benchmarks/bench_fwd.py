@@ -82,6 +82,13 @@ class L2Flush:
 def time_graph(fn, flush, reps, warmup=3):
     """Mean ms of graph replays of fn, each after an L2 flush. Falls back to eager
     launches (same flush and events) if fn cannot be captured; returns (ms, method)."""
+    run, method = captured(fn, warmup)
+    return mean_event_ms(run, flush, reps), method
+
+
+def captured(fn, warmup=3):
+    """fn warmed up and captured in a CUDA graph: (graph.replay, "graph"), or
+    (fn, "eager") if fn cannot be captured."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -96,7 +103,7 @@ def time_graph(fn, flush, reps, warmup=3):
         method = "eager"
         run = fn
     torch.cuda.synchronize()
-    return mean_event_ms(run, flush, reps), method
+    return run, method
 
 
 def mean_event_ms(run, flush, reps):

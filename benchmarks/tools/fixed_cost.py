@@ -29,7 +29,7 @@ os.environ.setdefault("FLASHQLA_SEQUENCE_PARALLEL", "0")  # whole chains: the li
 import torch  # noqa: E402
 
 import flashqla  # noqa: E402
-from bench_fwd import L2Flush, make_inputs, mean_event_ms  # noqa: E402
+from bench_fwd import L2Flush, captured, make_inputs, mean_event_ms  # noqa: E402
 
 
 def kernel_us(run, flush, reps):
@@ -62,17 +62,9 @@ def measure(label, n_seq, h_qk, h_v, states, lengths, flush, reps):
         if states in ("none", "ht"):
             x["initial_state"] = None
         x["output_final_state"] = states in ("ht", "both")
-        fn = lambda: flashqla.chunk_gated_delta_rule(**x)  # noqa: E731
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        graph.replay()
-        torch.cuda.synchronize()
-        e = 1000 * mean_event_ms(graph.replay, flush, reps)
-        k, launches = kernel_us(graph.replay, flush, reps)
+        run, _ = captured(lambda: flashqla.chunk_gated_delta_rule(**x))
+        e = 1000 * mean_event_ms(run, flush, reps)
+        k, launches = kernel_us(run, flush, reps)
         ev.append((T // 64, e))
         kn.append((T // 64, k))
         print(f"{T:>6} {T // 64:>6} {e:>9.1f} {k:>9.1f} {launches:>8.1f}")
@@ -90,9 +82,9 @@ def main():
     args = ap.parse_args()
     flush = L2Flush()
     lengths = [int(t) for t in args.lengths.split(",")]
+    shapes = {"wave": ("one wave: 4 sequences x 32 heads", 4, 16, 32),
+              "two": ("two waves: 8 sequences x 32 heads", 8, 16, 32), "chain": ("one chain", 1, 1, 1)}
     for states in args.states.split(","):
-        shapes = {"wave": ("one wave: 4 sequences x 32 heads", 4, 16, 32),
-                  "two": ("two waves: 8 sequences x 32 heads", 8, 16, 32), "chain": ("one chain", 1, 1, 1)}
         for name in args.shapes.split(","):
             measure(*shapes[name], states, lengths, flush, args.reps)
 

@@ -74,15 +74,16 @@ void run(int64_t B, int64_t T, int64_t H, int64_t HV, bool l2norm = false) {
   const long long n = cycles[kProfileSlots - 1] > 0 ? cycles[kProfileSlots - 1] : 1;
   // Slots 16..18 and slot 7 on the producer's side exist from v3.14's finer
   // profile on; a version with fewer slots prints the ones it has.
-  static const char* const names[19] = {
+  constexpr int kNamedSlots = 19;
+  static const char* const names[kNamedSlots] = {
       "wait ready", "KS, QS first keys", "KS, QS other keys, V", "loads issued", "V', V_new", "O, S update",
       "O store", "16x16 blocks", "wait free", "Q, K landed, rows prepared", "A epilogue, barrier",
       "32x32 level, gates, barrier", "off-diagonal", "V landed", "gates", "ready", "K Kᵀ, Q Kᵀ waited",
       "P epilogue", "blocks' barrier"};
   // Slot order in time: the state warpgroups', then the producer's.
-  static const int order[19] = {0, 1, 2, 4, 5, 6, 8, 3, 14, 9, 16, 17, 10, 7, 18, 11, 12, 13, 15};
+  static const int order[kNamedSlots] = {0, 1, 2, 4, 5, 6, 8, 3, 14, 9, 16, 17, 10, 7, 18, 11, 12, 13, 15};
   std::printf("  cycles per chunk (CTA 0, %lld chunks), state:", n);
-  for (int k = 0; k < 19; ++k) {
+  for (int k = 0; k < kNamedSlots; ++k) {
     const int i = order[k];
     if (i >= kProfileSlots - 1) continue;
     if (i == 8) std::printf("\n    producer:");
