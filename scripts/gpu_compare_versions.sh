@@ -46,7 +46,10 @@ for dir in versions/*/; do
     fi
   done
   timeout 60 "/tmp/timing_${name}" 2>&1 | grep -E "^B=|us per chunk|relative difference|error" 
-  [[ -x "/tmp/profile_${name}" ]] && timeout 60 "/tmp/profile_${name}" 2>&1 | grep -E "cycles per chunk|producer:" | head -n 2
+  # The phase profile of one chain and of the 256 chains at full load (shapes 0
+  # and 2 of the tool).
+  [[ -x "/tmp/profile_${name}" ]] && timeout 60 "/tmp/profile_${name}" 0,2 2>&1 |
+    grep -E "^B=|cycles per chunk|producer:" | sed 's/^B=/  profile of B=/'
   if [[ -x "/tmp/producer_${name}" ]]; then
     echo "  producer alone:"
     timeout 60 "/tmp/producer_${name}" 2>&1 | grep -E "producer:|us per chunk" | head -n 2
