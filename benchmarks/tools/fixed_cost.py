@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -45,14 +46,6 @@ def kernel_us(run, flush, reps):
     return sum(times) / max(1, reps), len(times) / max(1, reps)
 
 
-def fit(points):
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
-    return slope, my - slope * mx
-
-
 def measure(label, n_seq, h_qk, h_v, states, lengths, flush, reps):
     print(f"--- {label}, states: {states}")
     print(f"{'T':>6} {'chunks':>6} {'event us':>9} {'kernel us':>9} {'launches':>8}")
@@ -69,7 +62,7 @@ def measure(label, n_seq, h_qk, h_v, states, lengths, flush, reps):
         kn.append((T // 64, k))
         print(f"{T:>6} {T // 64:>6} {e:>9.1f} {k:>9.1f} {launches:>8.1f}")
     for name, pts in (("event", ev), ("kernel", kn)):
-        s, b = fit(pts)
+        s, b = statistics.linear_regression([x for x, _ in pts], [y for _, y in pts])
         print(f"{name}: {s:.3f} us a chunk, fixed {b:.1f} us")
 
 
