@@ -20,7 +20,9 @@ constexpr int kChunk = 64;  // tokens per chunk
 constexpr int kDim = 128;   // K = V
 // Warpgroups 0 and 1 run the state chain of chunk c, each for half the values
 // (Sᵀ split by value rows: two independent chains); warpgroup 2 loads chunk
-// c + 1 and computes its A, P = Q Kᵀ ⊙ Γ, T = (I + A)⁻¹ and Tβ meanwhile.
+// c + 1 and computes its A, P = Q Kᵀ ⊙ Γ, T's two 32x32 diagonal blocks
+// (of T = (I + A)⁻¹) and Tβ meanwhile; T's block below them is never formed
+// (the state warpgroups apply Tβ by blocks, step 2).
 // Registers move to the state warpgroups.
 constexpr int kStateThreads = 256;
 constexpr int kProducerThreads = 128;
@@ -71,10 +73,9 @@ __device__ __forceinline__ void set_max_registers() {
 // hands over and the one the state warpgroups run); one of everything else.
 // Every 16-bit tile is a core-matrix tile (ldmatrix reads it without bank
 // conflicts, wgmma through a descriptor).
-// T is the producer's own padded fp32 [64][68] tile: it builds T there in place
-// from A's two 32x32 diagonal blocks, keeps A's block below them in the block
-// above, which T does not use, and M = T_11 A_10 in the block below (T_10 goes
-// to Tβ only). O goes out through
+// T is the producer's own padded fp32 [64][68] tile: it builds T's two 32x32
+// diagonal blocks there in place from A's (the rest of the tile unused). O goes
+// out through
 // a padded [64 tokens][136] tile, two stages (each state warpgroup its 64
 // value columns), so that its rows leave in coalesced stores.
 using mma::CoreTile;
@@ -196,7 +197,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* const sm_v = reinterpret_cast<T*>(smem + kOffV);
   T* const sm_o = reinterpret_cast<T*>(smem + kOffO);  // [2][64 tokens][kLdO]
   // Two stages each, [64][64], wgmma B operands (K-major): P = Q Kᵀ ⊙ Γ and
-  // Tβ = T diag(β), handed over by the producer.
+  // Tβ = T diag(β), handed over by the producer; Tβ's tile holds T's diagonal
+  // blocks times β and, in place of T's block below them, L_10 = (K Kᵀ ⊙ Γ)'s
+  // (step 2 of the state warpgroups).
   auto p_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffP + stage * kTile64)}; };
   auto tb_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffTb + stage * kTile64)}; };
   float* const sm_t = reinterpret_cast<float*>(smem + kOffT);  // T, [64][kLdF] (producer)
@@ -366,8 +369,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_gates(0, g_next, b_next);
       compute_gates(0);
     }
-    // Tβ's two stages zeroed once: its block above the diagonal stays zero (the
-    // inverse writes the rest every chunk).
+    // Tβ's two stages zeroed once: the upper-right 16x16 quadrants of its 32x32
+    // diagonal blocks stay zero (the inverse and A's epilogue write the rest
+    // that is read every chunk).
     for (int i = tid - kStateThreads; i < 2 * kTile64 / 16; i += kProducerThreads)
       reinterpret_cast<uint4*>(smem + kOffTb)[i] = make_uint4(0u, 0u, 0u, 0u);
     wgmma::fence_shared_for_async();
@@ -481,12 +485,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         // The epilogue, the same work for every warp: its 16 rows of its 32x32
         // diagonal block, transposed into T's (inverted there in place; the
         // substitution reads them so, conflict-free), and a quarter of the block
-        // below, A_10 (A's rows 32.., columns ..31), into T's unused block above
-        // the diagonal (A_10[r][c] at tt[r kLdF + 32 + c]). K Kᵀ is symmetric, so
-        // warps 0 and 1 take their quarters from their own rows' columns 32..63
-        // (warp 0: A_10[16..31][0..15], warp 1: A_10[0..15][16..31]); warps 2 and
-        // 3 theirs directly (warp 2: A_10[0..15][0..15], warp 3:
-        // A_10[16..31][16..31]). The rest of the accumulator is never read.
+        // below, L_10 = (K Kᵀ ⊙ Γ)'s rows 32.., columns ..31 (A_10 without β),
+        // in 16 bits into Tβ's tile there, the state warpgroups' operand (T's
+        // block below the diagonal is never formed: step 2 of the state
+        // warpgroups). K Kᵀ is symmetric, so warps 0 and 1 take their quarters
+        // from their own rows' columns 32..63 (warp 0: L_10[16..31][0..15],
+        // warp 1: L_10[0..15][16..31]); warps 2 and 3 theirs directly (warp 2:
+        // L_10[0..15][0..15], warp 3: L_10[16..31][16..31]). The rest of the
+        // accumulator is never read.
+        const CoreTile<T, kChunk> tb = tb_tile(stage);
         auto epilogue = [&](auto diag_tiles, auto quarter_tiles, auto symmetric) {
           constexpr int kDiag = decltype(diag_tiles)::value, kQuarter = decltype(quarter_tiles)::value;
 #pragma unroll
@@ -504,15 +511,13 @@ __global__ void __launch_bounds__(kThreads, 1)
             for (int j = kQuarter; j < kQuarter + 2; ++j) {
               const int col = 8 * j + 2 * t4;
               if constexpr (decltype(symmetric)::value) {
-                // (K Kᵀ)[i][col] is A's entry at row col (>= 32 > i), column i.
-                const float2 b_col = *reinterpret_cast<const float2*>(bet + col);
-                tt[(col - 32) * kLdF + 32 + i] = acc[4 * j + 2 * half] * b_col.x * masked_exp2(true, g_col[j].x - g_row[half]);
-                tt[(col + 1 - 32) * kLdF + 32 + i] =
-                    acc[4 * j + 2 * half + 1] * b_col.y * masked_exp2(true, g_col[j].y - g_row[half]);
+                // (K Kᵀ)[i][col] is L's entry at row col (>= 32 > i), column i.
+                *tb.at(col, i) = T(acc[4 * j + 2 * half] * masked_exp2(true, g_col[j].x - g_row[half]));
+                *tb.at(col + 1, i) = T(acc[4 * j + 2 * half + 1] * masked_exp2(true, g_col[j].y - g_row[half]));
               } else {
-                *reinterpret_cast<float2*>(tt + (i - 32) * kLdF + 32 + col) =
-                    make_float2(acc[4 * j + 2 * half] * b_row[half] * masked_exp2(true, g_row[half] - g_col[j].x),
-                                acc[4 * j + 2 * half + 1] * b_row[half] * masked_exp2(true, g_row[half] - g_col[j].y));
+                *reinterpret_cast<uint32_t*>(tb.at(i, col)) =
+                    M::pack(acc[4 * j + 2 * half] * masked_exp2(true, g_row[half] - g_col[j].x),
+                            acc[4 * j + 2 * half + 1] * masked_exp2(true, g_row[half] - g_col[j].y));
               }
             }
           }
@@ -526,7 +531,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(10);
 
-      // T = (I + A)⁻¹ in three levels. First the four 16x16 diagonal blocks by
+      // T = (I + A)⁻¹'s two 32x32 diagonal blocks in two levels. First the four 16x16 diagonal blocks by
       // forward substitution (warp = block, lanes 0..15 = columns; lanes 16..31
       // compute the same and do not write) in fp32, column by column of A: once
       // x_m is final it updates every later row at once, so the dependent chain
@@ -597,40 +602,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           *reinterpret_cast<uint32_t*>(tb.at(row + 8, cc)) = M::pack(-t16[nt][2] * b.x, -t16[nt][3] * b.y);
         }
       }
-      named_sync(kBarProducer, kProducerThreads);
+      // (No barrier: nothing of the producer's reads these blocks again in this
+      // chunk, and the hand-over's barrier orders them for the state warpgroups.)
       FUSED_PHASE(11);
-      // Last, the 32x32 block below the diagonal, T_10 = −T_11 A_10 T_00, in two
-      // tf32 levels of 16x16 quadrants (warp w: quadrant (w / 2, w % 2)); T_11 and T_00 are
-      // lower triangular, so only their quadrants on and below the diagonal
-      // enter. M = T_11 A_10 goes to T's block below the diagonal (not
-      // otherwise used: T_10 goes to Tβ only)...
-      {
-        const int qi = pwarp >> 1, qj = pwarp & 1;
-        float* const m_tile = tt + 32 * kLdF;  // M[r][c] at m_tile[r kLdF + c]
-        float m[2][4] = {};
-#pragma unroll 1
-        for (int kk = 0; kk <= qi; ++kk)
-          mma::mma_tf32_16x16x16(m, tt + (32 + 16 * qi) * kLdF + 32 + 16 * kk, kLdF, tt + 16 * kk * kLdF + 32 + 16 * qj,
-                                 kLdF, lane);
-        mma::store_c_16x16(m_tile + 16 * qi * kLdF + 16 * qj, kLdF, m, 1.f, lane);
-        named_sync(kBarProducer, kProducerThreads);
-        // ...and T_10 = −M T_00.
-        float t[2][4] = {};
-#pragma unroll 1
-        for (int kk = qj; kk < 2; ++kk)
-          mma::mma_tf32_16x16x16(t, m_tile + 16 * qi * kLdF + 16 * kk, kLdF, tt + 16 * kk * kLdF + 16 * qj, kLdF, lane);
-        // T_10 in 16 bits times β of its columns straight into Tβ (the fp32
-        // copy is not read again).
-        const int g = lane_again() >> 2, t4 = lane_again() & 3;
-        const CoreTile<T, kChunk> tb = tb_tile(stage);
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const int col = 16 * qj + 8 * nt + 2 * t4, row = 32 + 16 * qi + g;
-          const float2 b = *reinterpret_cast<const float2*>(bet + col);
-          *reinterpret_cast<uint32_t*>(tb.at(row, col)) = M::pack(-t[nt][0] * b.x, -t[nt][1] * b.y);
-          *reinterpret_cast<uint32_t*>(tb.at(row + 8, col)) = M::pack(-t[nt][2] * b.x, -t[nt][3] * b.y);
-        }
-      }
       FUSED_PHASE(12);
       if (item.read_v) {
         tma::wait(bar_qv + stage, uint32_t(c >> 1) & 1u);  // V(c)
@@ -761,10 +735,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     FUSED_PHASE(2);
     asm volatile("" ::: "memory");  // the next step's shared-memory loads stay in it
 
-    // --- 2. V'ᵀ = Vᵀ − (K S)ᵀ diag(e^γ) in 16 bits and Oᵀ diag(e^γ), then
-    // V_newᵀ = V'ᵀ (Tβ)ᵀ (m64n64k64, B = Tβ K-major).
-    float nv_acc[kChunk / 2];
+    // --- 2. V'ᵀ = Vᵀ − (K S)ᵀ diag(e^γ) and Oᵀ diag(e^γ), then V_new = Tβ V' by
+    // T's 32x32 blocks, T's block below the diagonal never formed: with
+    // T_10 = −T_11 A_10 T_00 and A_10 = diag(β_1) L_10,
+    //   V_new,0 = (Tβ)_00 V'_0,  V_new,1 = (Tβ)_11 (V'_1 − L_10 V_new,0)
+    // (tokens ..31 and 32..; L_10 in Tβ's tile below the diagonal). Transposed,
+    // three m64n32 steps with B K-major from Tβ's tile: V_new,0ᵀ, then V'_1ᵀ −
+    // V_new,0ᵀ L_10ᵀ accumulated onto V'_1ᵀ in fp32, then V_new,1ᵀ.
+    float nv_acc[kChunk / 2];  // V_newᵀ: tokens ..31 in nv_acc[..15], 32.. in nv_acc[16..]
+    auto token_half = [](float* d) -> float(&)[kChunk / 4] { return *reinterpret_cast<float(*)[kChunk / 4]>(d); };
     {
+      float x1[kChunk / 4];  // V'_1ᵀ in fp32 (accumulator layout, tokens 32..)
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) {
         const int c0 = 16 * kb + 2 * t4;
@@ -776,16 +757,42 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const float2 v = M::unpack(vf[kb][q]);
-          vf[kb][q] = M::pack(v.x - d[2 * q] * sc[2 * q], v.y - d[2 * q + 1] * sc[2 * q + 1]);
+          const float x0 = v.x - d[2 * q] * sc[2 * q], x1_ = v.y - d[2 * q + 1] * sc[2 * q + 1];
+          if (kb < 2) {
+            vf[kb][q] = M::pack(x0, x1_);
+          } else {
+            x1[8 * (kb - 2) + 2 * q] = x0;
+            x1[8 * (kb - 2) + 2 * q + 1] = x1_;
+          }
           o[2 * q] *= sc[2 * q], o[2 * q + 1] *= sc[2 * q + 1];
         }
+        if (kb == 1) {  // V_new,0ᵀ = V'_0ᵀ (Tβ)_00ᵀ, running while the rest is formed
+#pragma unroll
+          for (int i = 0; i < kChunk / 2; ++i) nv_acc[i] = 0.f;
+          wgmma::fence(token_half(nv_acc));
+#pragma unroll
+          for (int k = 0; k < 2; ++k) wgmma::mma<T, kChunk / 2>(vf[k], wgmma::kmajor_desc(tb, 16 * k), token_half(nv_acc));
+          wgmma::commit();
+        }
       }
+      wgmma::wait<0>();
+      wgmma::fence_operands(token_half(nv_acc));
+      // V'_1ᵀ −= V_new,0ᵀ L_10ᵀ (A = −V_new,0ᵀ in 16 bits).
+      uint32_t uf[2][4];
 #pragma unroll
-      for (int i = 0; i < kChunk / 2; ++i) nv_acc[i] = 0.f;
-      wgmma::fence(nv_acc);
+      for (int k = 0; k < 2; ++k) a_fragment(nv_acc + 8 * k, -1.f, -1.f, -1.f, -1.f, uf[k]);
+      wgmma::fence(x1);
 #pragma unroll
-      for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(vf[kb], wgmma::kmajor_desc(tb, 16 * kb), nv_acc);
-      wgmma::commit_and_wait(nv_acc);
+      for (int k = 0; k < 2; ++k) wgmma::mma<T, kChunk / 2>(uf[k], wgmma::kmajor_desc(tb, 16 * k, 32), x1);
+      wgmma::commit_and_wait(x1);
+      // V_new,1ᵀ = (V'_1 − L_10 V_new,0)ᵀ (Tβ)_11ᵀ.
+#pragma unroll
+      for (int k = 0; k < 2; ++k) a_fragment(x1 + 8 * k, 1.f, 1.f, 1.f, 1.f, vf[2 + k]);
+      wgmma::fence(token_half(nv_acc + kChunk / 4));
+#pragma unroll
+      for (int k = 0; k < 2; ++k)
+        wgmma::mma<T, kChunk / 2>(vf[2 + k], wgmma::kmajor_desc(tb, 32 + 16 * k, 32), token_half(nv_acc + kChunk / 4));
+      wgmma::commit_and_wait(token_half(nv_acc + kChunk / 4));
     }
     FUSED_PHASE(4);
     asm volatile("" ::: "memory");  // the next step's shared-memory loads stay in it

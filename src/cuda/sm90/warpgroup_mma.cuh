@@ -43,10 +43,11 @@ __device__ __forceinline__ uint64_t offset_desc(uint64_t base_desc, const void* 
 }
 
 // Descriptor of a CoreTile [N rows][K columns] read as the K-major operand,
-// from column k0 (core matrices adjacent in K: 128 bytes; row blocks: kCols * 16).
+// from column k0 and row n0, a multiple of 8 (core matrices adjacent in K: 128
+// bytes; row blocks: kCols * 16).
 template <typename T, int kCols>
-__device__ __forceinline__ uint64_t kmajor_desc(const mma::CoreTile<T, kCols>& tile, int k0) {
-  return offset_desc(make_desc(tile.base, 128, kCols * 16), tile.base, tile.at(0, k0));
+__device__ __forceinline__ uint64_t kmajor_desc(const mma::CoreTile<T, kCols>& tile, int k0, int n0 = 0) {
+  return offset_desc(make_desc(tile.base, 128, kCols * 16), tile.base, tile.at(n0, k0));
 }
 
 // Descriptor of a CoreTile [K rows][MN columns] read as an MN-major operand
@@ -100,7 +101,7 @@ __device__ __forceinline__ void mma_impl(const uint32_t (&a)[4], uint64_t desc_b
   Op<T, N, B>::fma(a[0], a[1], a[2], a[3], desc_b, d[I]...);
 }
 
-// d += A (64x16, registers) B (16xN, shared memory), N = 64 or 128 (N / 2
+// d += A (64x16, registers) B (16xN, shared memory), N = 32, 64 or 128 (N / 2
 // accumulators a thread), B K-major (kmajor_desc); asynchronous until commit_and_wait().
 template <typename T, int N>
 __device__ __forceinline__ void mma(const uint32_t (&a)[4], uint64_t desc_b, float (&d)[N / 2]) {
