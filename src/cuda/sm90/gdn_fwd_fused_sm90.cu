@@ -4,7 +4,6 @@
 
 #include "core/trace.h"
 #include "cuda/fused_forward_support.h"
-#include "cuda/sm90/bulk_store.cuh"
 #include "cuda/sm90/device_common.cuh"
 #include "cuda/sm90/forward_work_item.cuh"
 #include "cuda/sm90/tma_load.cuh"
@@ -161,13 +160,12 @@ __device__ long long fused_profile_cycles[kProfileSlots];
 #endif
 
 // How the state warpgroups write o: not at all (a piece pass that only needs
-// the end state), row by row from the output tile with 4-byte stores, or one
-// bulk copy a row (its 128 bytes of the warpgroup's values; o's base and
-// strides 16-byte aligned).
-constexpr int kOutputNone = 0, kOutputRows = 1, kOutputBulk = 2;
-__device__ __forceinline__ bool output_rows_bulk_copyable(const ForwardArgs& a) {
-  return reinterpret_cast<uintptr_t>(a.o) % 16 == 0 && a.o_sb % 8 == 0 && a.o_st % 8 == 0 && a.o_sh % 8 == 0;
-}
+// the end state), or row by row from the output tile with 4-byte stores while
+// the next chunk's last wgmmas run. (One bulk copy a row, through the TMA unit,
+// was faster while the state warpgroups waited for the producer; once they
+// became the critical path it cost 7-12%: the copies queued behind the loads,
+// v3.15 in docs/perf.md.)
+constexpr int kOutputNone = 0, kOutputRows = 1;
 
 // 2^x where keep, else 0, without a branch: the exponent is selected (−∞
 // where masked), so masked entries never overflow and the epilogues over the
@@ -646,7 +644,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   T* volatile* const sm_o_rows = reinterpret_cast<T**>(smem + kOffFinal + 48);
   if (tid == 0) {
     *sm_final = item.final_state;
-    *sm_output_mode = item.write_o ? (output_rows_bulk_copyable(a) ? kOutputBulk : kOutputRows) : kOutputNone;
+    *sm_output_mode = item.write_o ? kOutputRows : kOutputNone;
     *sm_o_rows = static_cast<T*>(a.o) + row * a.o_sb + hv * a.o_sh + int64_t(bos) * a.o_st;  // the item's first token
   }
 
@@ -832,11 +830,10 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     // --- 4. O = scale Oᵀᵀ: o_acc[4 j + e] (value v0 + 16 wr + g + 8 (e / 2),
     // token 8 j + 2 t4 + e % 2) into the output tile; its rows in the sequence go
-    // out by bulk copies issued right after the barrier below (kOutputBulk), or
-    // by store_output_rows while the next chunk's last wgmmas run (kOutputRows).
-    // The tile has two stages: chunk c + 2 writes this one after every thread
-    // of the warpgroup passed chunk c + 1's barrier, i.e. finished reading it
-    // (its own loads, or its bulk copies' reads: bulk::wait_reads).
+    // out by store_output_rows while the next chunk's last wgmmas run (after
+    // the barrier below: every warp's part of the tile written). The tile has
+    // two stages: chunk c + 2 writes this one after every thread of the
+    // warpgroup passed chunk c + 1's barrier, i.e. finished reading it.
     if (*sm_output_mode) {
       T* const ot = sm_o + stage * kChunk * kLdO;
       // stmatrix, transposed: the 8x8 blocks (tokens 8 j.., values 16 wr + 8 h..)
@@ -851,28 +848,11 @@ __global__ void __launch_bounds__(kThreads, 1)
                            M::pack(a.scale * o[2], a.scale * o[3]), M::pack(a.scale * o[4], a.scale * o[5]),
                            M::pack(a.scale * o[6], a.scale * o[7]));
       }
-      const int mode = *sm_output_mode;
-      if (mode == kOutputBulk) {
-        wgmma::fence_shared_for_async();  // the tile is the bulk copies' source
-        bulk::wait_reads();  // chunk c − 1's copies (the other stage) have read it
-      }
       named_sync(kBarOutput + (warp >> 2), 128);
-      // Bulk: lanes 0..15 of warp wr copy the tile's rows 16 wr.. (their
-      // 128 bytes of the warpgroup's values); chunk c + 1 waits for the reads
-      // (above) before the barrier after which chunk c + 2 writes this stage.
-      const int r = 16 * wr + lane_again();
-      if (mode == kOutputBulk && lane_again() < 16 && r < min(kChunk, eos - bos - c * kChunk)) {
-        bulk::store(*sm_o_rows + (int64_t(c) * kChunk + r) * a.o_st + v0, ot + r * kLdO + v0, 64 * sizeof(T));
-        bulk::commit();
-      }
     }
     FUSED_PHASE(6);
   }
   if (nc > 0 && *sm_output_mode == kOutputRows) store_output_rows(nc - 1, min(kChunk, eos - bos - (nc - 1) * kChunk));
-  // The output tile read by the last bulk copies before the CTA's shared memory
-  // goes (no-op without bulk copies); their writes to o complete on their own,
-  // as kernel stores do, by the end of the grid.
-  bulk::wait_reads();
   FUSED_PROFILE_END(n_chunks);
 
   const StateTarget final_state = *sm_final;
