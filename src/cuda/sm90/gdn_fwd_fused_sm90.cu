@@ -163,8 +163,9 @@ __device__ long long fused_profile_cycles[kProfileSlots];
 // the end state), or row by row from the output tile with 4-byte stores while
 // the next chunk's last wgmmas run. (One bulk copy a row, through the TMA unit,
 // was faster while the state warpgroups waited for the producer; once they
-// became the critical path the copies queued in the TMA unit behind the loads,
-// 26-28% slower at full load than row stores: v3.15 in docs/perf.md.)
+// became the critical path the copies queued in the TMA unit behind the loads:
+// 27% slower than row stores on one chain, 35-40% at full load, v3.15 in
+// docs/perf.md.)
 constexpr int kOutputNone = 0, kOutputRows = 1;
 
 // 2^x where keep, else 0, without a branch: the exponent is selected (−∞
