@@ -530,12 +530,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(10);
 
-      // T = (I + A)⁻¹'s two 32x32 diagonal blocks in two levels. First the four 16x16 diagonal blocks by
-      // forward substitution (warp = block, lanes 0..15 = columns; lanes 16..31
-      // compute the same and do not write) in fp32, column by column of A: once
-      // x_m is final it updates every later row at once, so the dependent chain
-      // is 15 FMAs deep, and A's column m (stored transposed by the epilogue
-      // above: row m of the block) comes in as broadcast float4s.
+      // T = (I + A)⁻¹'s two 32x32 diagonal blocks in two levels. First the four
+      // 16x16 diagonal blocks by forward substitution (warp = block, lanes
+      // 0..15 = columns; lanes 16..31 compute the same and do not write) in
+      // fp32, column by column of A: once x_m is final it updates every later
+      // row at once, so the dependent chain is 15 FMAs deep, and A's column m
+      // (stored transposed by the epilogue above: row m of the block) comes in
+      // as broadcast float4s.
       {
         const int b0 = 16 * pwarp, col = lane & 15;
         const float* const a_cols = tt + b0 * kLdF + b0;  // a_cols[m kLdF + r] = A[b0 + r][b0 + m]
