@@ -40,4 +40,14 @@ inline bool fused_forward_supports(const ForwardArgs& a) {
   return true;
 }
 
+// Whether the fused kernel writes o's whole chunks by TMA tensor stores (one a
+// state warpgroup a chunk; sm90/token_tensor_map.h): the same alignment rules
+// as q, k and v's loads. Otherwise (a supported call with o's strides or base
+// not 16-byte aligned) it writes o row by row.
+inline bool fused_output_tensor_storable(const ForwardArgs& a) {
+  auto stride_ok = [](int64_t extent, int64_t s) { return extent <= 1 || (s > 0 && s % 8 == 0 && s < (int64_t(1) << 39)); };
+  return reinterpret_cast<uintptr_t>(a.o) % 16 == 0 && stride_ok(token_rows(a), a.o_sb) && stride_ok(a.T, a.o_st) &&
+         stride_ok(a.HV, a.o_sh);
+}
+
 }  // namespace flashqla::cuda

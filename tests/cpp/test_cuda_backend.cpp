@@ -384,8 +384,9 @@ std::vector<GpuFwdConfig> gpu_forward_configs() {
   v.push_back(f);
   f.fused = true;
   f.row_pad = 0;
-  // o a strided view: rows 16-byte aligned, then only 4-byte aligned (the
-  // fused kernel's row stores either way); the last chunk partial (300 tokens).
+  // o a strided view: rows 16-byte aligned (the fused kernel's tensor stores,
+  // through a map with o's strides), then only 4-byte aligned (its row stores);
+  // the last chunk partial (300 tokens: by rows either way).
   f.name = "o_strided_aligned";
   f.o_row_pad = 8;
   v.push_back(f);

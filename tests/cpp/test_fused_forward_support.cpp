@@ -12,6 +12,7 @@ namespace {
 
 using flashqla::cuda::ForwardArgs;
 using flashqla::cuda::fused_forward_supports;
+using flashqla::cuda::fused_output_tensor_storable;
 
 void* fake_address(uintptr_t a) { return reinterpret_cast<void*>(a); }
 
@@ -96,6 +97,30 @@ TEST(FusedForwardSupport, ZeroStridesOnlyWhereTheExtentIsOne) {
   EXPECT_FALSE(fused_forward_supports(a));
   a.T = 1;
   EXPECT_TRUE(fused_forward_supports(a));
+}
+
+// o goes out by tensor stores where its base and strides are 16-byte aligned,
+// else by rows: both are the fused kernel's calls.
+TEST(FusedForwardSupport, OutputByTensorStoresOnlyWhereAligned) {
+  ForwardArgs a = supported_call();
+  EXPECT_TRUE(fused_output_tensor_storable(a));
+  a.o = fake_address(0x40008);  // 8-byte aligned: by rows
+  EXPECT_TRUE(fused_forward_supports(a));
+  EXPECT_FALSE(fused_output_tensor_storable(a));
+
+  a = supported_call();
+  a.o_st = 4 * 128 + 2;  // rows 4 bytes apart from 16-byte alignment
+  EXPECT_TRUE(fused_forward_supports(a));
+  EXPECT_FALSE(fused_output_tensor_storable(a));
+
+  a = supported_call();
+  a.o_sh = 136;  // o a slice of a wider tensor: strides still multiples of 16 bytes
+  a.o_st = 4 * 136, a.o_sb = 64 * 4 * 136;
+  EXPECT_TRUE(fused_output_tensor_storable(a));
+  a.o_sb = 0;  // broadcast over two batch rows: never written so
+  EXPECT_FALSE(fused_output_tensor_storable(a));
+  a.cu_seqlens = fake_address(0x50000);  // one packed row: its stride is never stepped
+  EXPECT_TRUE(fused_output_tensor_storable(a));
 }
 
 TEST(FusedForwardSupport, TokenIndicesFitInt32) {

@@ -10,15 +10,19 @@
 #include <cute/arch/mma_sm90_gmma.hpp>
 
 #include "cuda/sm90/warp_mma.cuh"
+#include "cuda/sm90/warpgroup_mma.cuh"
 
 namespace flashqla_test {
 namespace {
 
 constexpr int kM = 64, kN = 128, kK = 64;
 
-// kKMajorColumnBlocks / kMNMajorColumnBlocks: the same core matrices with the
-// tile's column blocks outermost (mma::ColumnBlockTile, as TMA lands q, k, v):
-// K-blocks (K-major) or MN-blocks (MN-major) a whole column of core matrices apart.
+// kKMajorSw128 / kMNMajorSw128: the 128-byte swizzled layouts, described by the
+// kernels' own wgmma::kmajor_desc / mnmajor_desc of an mma::Swizzled128Tile (as
+// TMA lands q, k, v). kKMajorColumnBlocks / kMNMajorColumnBlocks: the same core
+// matrices as kKMajor / kMNMajor with the tile's column blocks outermost (the
+// order a box of 16-byte rows lands in): K-blocks (K-major) or MN-blocks
+// (MN-major) a whole column of core matrices apart.
 enum Layout { kKMajor, kMNMajor, kKMajorSw128, kMNMajorSw128, kKMajorColumnBlocks, kMNMajorColumnBlocks, kRegisters };
 
 // Byte offset of element (mn, k) of an operand with MN extent `mn_ext` (M for A,
@@ -47,15 +51,20 @@ struct Operand {
     }
   }
   __device__ uint64_t desc(const unsigned char* tile, int s) const {
+    namespace wg = flashqla::cuda::wgmma;
+    using flashqla::cuda::mma::Swizzled128Tile;
+    auto* p = reinterpret_cast<__nv_bfloat16*>(const_cast<unsigned char*>(tile));
+    if (layout == kKMajorSw128)  // [mn][k] rows of the tile: kRows = the MN extent
+      return mn_ext == kM ? wg::kmajor_desc(Swizzled128Tile<__nv_bfloat16, kM>{p}, 16 * s)
+                          : wg::kmajor_desc(Swizzled128Tile<__nv_bfloat16, kN>{p}, 16 * s);
+    if (layout == kMNMajorSw128)  // [k][mn]: kRows = K
+      return wg::mnmajor_desc(Swizzled128Tile<__nv_bfloat16, kK>{p}, 16 * s);
     cute::GmmaDescriptor d;
-    int start = 0, lbo = 16, sbo = 16, type = 0;
+    int start = 0, lbo = 16, sbo = 16;
     switch (layout) {
       case kKMajor: start = s * 256, lbo = 128, sbo = kK * 16; break;
       case kMNMajor: start = s * 2 * mn_ext * 16, lbo = mn_ext * 16, sbo = 128; break;
-      case kKMajorSw128: start = (s * 16 >> 6) * mn_ext * 128 + (s * 16 & 63) * 2, lbo = 16, sbo = 1024, type = 1; break;
-      case kMNMajorSw128: start = s * 2 * 1024, lbo = kK / 8 * 1024, sbo = 1024, type = 1; break;
-      // As wgmma::kmajor_desc / mnmajor_desc of a ColumnBlockTile: LBO the K-direction
-      // step between core matrices, SBO the MN-direction one.
+      // LBO the K-direction step between core matrices, SBO the MN-direction one.
       case kKMajorColumnBlocks: start = s * 2 * mn_ext * 16, lbo = mn_ext * 16, sbo = 128; break;
       case kMNMajorColumnBlocks: start = s * 256, lbo = 128, sbo = kK * 16; break;
       default: break;
@@ -64,7 +73,7 @@ struct Operand {
     d.bitfield.leading_byte_offset_ = static_cast<uint16_t>(lbo >> 4);
     d.bitfield.stride_byte_offset_ = static_cast<uint16_t>(sbo >> 4);
     d.bitfield.base_offset_ = 0;
-    d.bitfield.layout_type_ = static_cast<uint8_t>(type);
+    d.bitfield.layout_type_ = 0;
     return d.desc_;
   }
 };

@@ -96,7 +96,9 @@ constexpr int kGateFloats = (3 * kKStages + 2) * kChunk;  // γ, e^γ, e^{γ_C �
 // here by the state warpgroups for the chunk loop (registers fewer at its peak),
 // and a chained piece's counters (to raise at the end, to wait for at the start).
 constexpr int kOffFinal = kOffGate + kGateFloats * 4;
-constexpr int kOffBar = kOffFinal + 80;  // mbarriers: k stages, then q/v stages
+// Then o's tensor-store coordinates (the item's first token, head, batch row and
+// the rows of its last chunk).
+constexpr int kOffBar = kOffFinal + 96;  // mbarriers: k stages, then q/v stages
 #ifdef FLASHQLA_FUSED_PROFILE
 constexpr int kProfileSlots = 20;  // the phase profile's cycles (below), in shared memory
 #else
@@ -160,13 +162,14 @@ __device__ long long fused_profile_cycles[kProfileSlots];
 #endif
 
 // How the state warpgroups write o: not at all (a piece pass that only needs
-// the end state), or row by row from the output tile with 4-byte stores while
-// the next chunk's last wgmmas run. (One bulk copy a row, through the TMA unit,
-// was faster while the state warpgroups waited for the producer; once they
-// became the critical path the copies queued in the TMA unit behind the loads:
-// 27% slower than row stores on one chain, 35-40% at full load, v3.15 in
-// docs/perf.md.)
-constexpr int kOutputNone = 0, kOutputRows = 1;
+// the end state); by one TMA tensor store a warpgroup a chunk from its output
+// tile ([64 tokens][64 values], 128-byte swizzled: each of the box's rows is
+// one whole 128-byte line of o), where o's base and strides allow it (fused_output_tensor_storable);
+// else row by row from a padded output tile with 4-byte stores while the next
+// chunk's last wgmmas run. (Row stores cost 8-10% of a chunk; one bulk copy a
+// row queued in the TMA unit behind the loads: docs/perf.md, v3.15.) A
+// partial last chunk goes out by rows either way.
+constexpr int kOutputNone = 0, kOutputRows = 1, kOutputTensor = 2;
 
 // 2^x where keep, else 0, without a branch: the exponent is selected (−∞
 // where masked), so masked entries never overflow and the epilogues over the
@@ -181,20 +184,23 @@ __device__ __forceinline__ float masked_exp2(bool keep, float x) {
 }
 constexpr float kLog2e = 1.4426950408889634f;
 
-// The tensor maps of q, k and v (tma_load.cuh), a kernel parameter.
+// The tensor maps of q, k and v (tma_load.cuh), and of o where it is written
+// by tensor stores (o_tensor), a kernel parameter.
 struct TokenMaps {
-  CUtensorMap q, k, v;
+  CUtensorMap q, k, v, o;
+  int o_tensor;
 };
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads, 1)
     gdn_fwd_fused_kernel(const ForwardArgs a, const __grid_constant__ TokenMaps maps) {
   using M = mma::Mma<T>;
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(1024) unsigned char smem[];
   T* const sm_q = reinterpret_cast<T*>(smem + kOffQ);
   T* const sm_k = reinterpret_cast<T*>(smem + kOffK);
   T* const sm_v = reinterpret_cast<T*>(smem + kOffV);
-  T* const sm_o = reinterpret_cast<T*>(smem + kOffO);  // [2][64 tokens][kLdO]
+  // [2][64 tokens][kLdO] by rows; [2][2 warpgroups][64 tokens][64] 128-byte swizzled by tensor stores
+  T* const sm_o = reinterpret_cast<T*>(smem + kOffO);
   // Two stages each, [64][64], wgmma B operands (K-major): P = Q Kᵀ ⊙ Γ and
   // Tβ = T diag(β), handed over by the producer; Tβ's tile holds T's diagonal
   // blocks times β and, in place of T's block below them, L_10 = (K Kᵀ ⊙ Γ)'s
@@ -226,8 +232,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int eos = int(item.seq.eos);
   const int bos = int(item.seq.bos + item.chunk_begin * kChunk);  // the item's first token
   const int64_t n_chunks = __shfl_sync(0xffffffffu, item.chunk_end - item.chunk_begin, 0);
-  // q, k and v tiles land from TMA column block outermost.
-  auto stage_tile = [&](T* tiles, int stage) { return mma::ColumnBlockTile<T, kChunk>{tiles + stage * kChunk * kDim}; };
+  // q, k and v tiles land from TMA 128-byte swizzled (tma_load.cuh).
+  auto stage_tile = [&](T* tiles, int stage) { return mma::Swizzled128Tile<T, kChunk>{tiles + stage * kChunk * kDim}; };
   auto k_tile = [&](int64_t c) { return stage_tile(sm_k, int(c % kKStages)); };
   auto q_tile = [&](int64_t c) { return stage_tile(sm_q, int(c % kKStages)); };
   auto chunk_rows = [&](int64_t c) { return int(min64(kChunk, int64_t(eos - bos) - c * kChunk)); };
@@ -281,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 16-byte segments lane / 8 + 4 s of it, conflict-free): rows >= L zeroed
     // (past a packed sequence's end they hold the next sequence's tokens), the
     // others scaled to x · rsqrt(Σx² + 1e-6) where normalize.
-    auto prepare_rows = [&](mma::ColumnBlockTile<T, kChunk> tile, int L, bool normalize) {
+    auto prepare_rows = [&](mma::Swizzled128Tile<T, kChunk> tile, int L, bool normalize) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = (pwarp + 4 * half) * 8 + (lane & 7);
@@ -644,9 +650,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   volatile int* const sm_output_mode = reinterpret_cast<int*>(smem + kOffFinal + 40);
   static_assert(sizeof(StateTarget) <= 40, "the final-state target fits its slot");
   T* volatile* const sm_o_rows = reinterpret_cast<T**>(smem + kOffFinal + 48);
+  volatile int* const sm_o_coords = reinterpret_cast<int*>(smem + kOffFinal + 80);  // token, head, row, last rows
   if (tid == 0) {
     *sm_final = item.final_state;
-    *sm_output_mode = item.write_o ? kOutputRows : kOutputNone;
+    *sm_output_mode = item.write_o ? (maps.o_tensor ? kOutputTensor : kOutputRows) : kOutputNone;
+    sm_o_coords[0] = bos;
+    sm_o_coords[1] = int(hv);
+    sm_o_coords[2] = int(row);
+    sm_o_coords[3] = int(min64(kChunk, int64_t(eos - bos) - (n_chunks - 1) * kChunk));
     *sm_o_rows = static_cast<T*>(a.o) + row * a.o_sb + hv * a.o_sh + int64_t(bos) * a.o_st;  // the item's first token
   }
 
@@ -673,22 +684,39 @@ __global__ void __launch_bounds__(kThreads, 1)
     f[3] = M::pack(d[6] * lo8, d[7] * hi8);
   };
 
+  // The warpgroup's output tile of a stage for tensor stores.
+  auto tensor_tile = [&](int st) {
+    return mma::Swizzled128Tile<T, kChunk>{sm_o + (2 * st + (warp >> 2)) * kChunk * (kDim / 2)};
+  };
   // Rows < rows of chunk cc's output tile to o (a warp a row's 64 values of the
-  // warpgroup's, coalesced).
-  auto store_output_rows = [&](int cc, int rows) {
+  // warpgroup's, coalesced), from the padded tile (by rows) or the tensor
+  // stores' tile (its partial last chunk).
+  auto store_output_rows = [&](int cc, int rows, bool tensor_tile_layout) {
     const int ln = lane_again();
-    const T* const ot = sm_o + (cc & 1) * kChunk * kLdO + v0 + 2 * ln;
     T* const o_chunk = *sm_o_rows + int64_t(cc) * kChunk * a.o_st + v0 + 2 * ln;
+    if (tensor_tile_layout) {
+      const auto tile = tensor_tile(cc & 1);
+      for (int i = wr; i < rows; i += 4)
+        *reinterpret_cast<uint32_t*>(o_chunk + i * a.o_st) = *reinterpret_cast<const uint32_t*>(tile.at(i, 2 * ln));
+      return;
+    }
+    const T* const ot = sm_o + (cc & 1) * kChunk * kLdO + v0 + 2 * ln;
 #pragma unroll 4
     for (int i = wr; i < rows; i += 4)
       *reinterpret_cast<uint32_t*>(o_chunk + i * a.o_st) = *reinterpret_cast<const uint32_t*>(ot + i * kLdO);
   };
+  // One thread a warpgroup issues its tensor stores (the lane read again: no
+  // register held across the chunk loop).
+  auto o_issuer = [&] { return wr == 0 && lane_again() == 0; };
   // Loop-carried scalars kept few (the chunk loop's register peak is step 1).
   const int nc = int(n_chunks);
   named_sync(kBarState, kStateThreads);  // sm_final, sm_output_mode written
   FUSED_PROFILE_BEGIN();
   for (int c = 0; c < nc; ++c) {
     const int stage = c & 1;
+    // Chunk c − 2's tensor store has read this stage's output tile before any
+    // thread passes the barrier below (and writes the tile again, step 4).
+    if (o_issuer() && *sm_output_mode == kOutputTensor) tma::wait_stores_read<1>();
     named_sync(kBarChunkReady + stage, kThreads);
     FUSED_PHASE(0);
 #if defined(FLASHQLA_FUSED_ISOLATE) && FLASHQLA_FUSED_ISOLATE == 2
@@ -821,7 +849,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(nf[kb], wgmma::kmajor_desc(pt, 16 * kb), o_acc);
       wgmma::commit();
-      if (c > 0 && *sm_output_mode == kOutputRows) store_output_rows(c - 1, kChunk);  // chunk c − 1 was whole
+      if (c > 0 && *sm_output_mode == kOutputRows) store_output_rows(c - 1, kChunk, false);  // chunk c − 1 was whole
       wgmma::wait<0>();
       wgmma::fence_operands(o_acc);
       wgmma::fence_operands(s_acc);
@@ -836,25 +864,36 @@ __global__ void __launch_bounds__(kThreads, 1)
     // the barrier below: every warp's part of the tile written). The tile has
     // two stages: chunk c + 2 writes this one after every thread of the
     // warpgroup passed chunk c + 1's barrier, i.e. finished reading it.
-    if (*sm_output_mode) {
-      T* const ot = sm_o + stage * kChunk * kLdO;
+    if (const int mode = *sm_output_mode; mode != kOutputNone) {
       // stmatrix, transposed: the 8x8 blocks (tokens 8 j.., values 16 wr + 8 h..)
       // of n8 tiles j and j + 1, h = 0, 1; lane 8 m + r gives the address of
-      // token row r of block m (j + m / 2, h = m % 2).
+      // token row r of block m (j + m / 2, h = m % 2): in the padded tile, or
+      // in the tensor stores' swizzled tile (a row's 16 bytes in one chunk).
       const int ln = lane_again(), m = ln >> 3;
-      T* const row = ot + (8 * (m >> 1) + (ln & 7)) * kLdO + v0 + 16 * wr + 8 * (m & 1);
+      const bool tensor = mode == kOutputTensor;
+      T* const row = tensor ? tensor_tile(stage).at(8 * (m >> 1) + (ln & 7), 16 * wr + 8 * (m & 1))
+                            : sm_o + stage * kChunk * kLdO + (8 * (m >> 1) + (ln & 7)) * kLdO + v0 + 16 * wr + 8 * (m & 1);
+      const int j_step = tensor ? 8 * (kDim / 2) : 8 * kLdO;  // elements from n8 tile j to j + 1's rows
 #pragma unroll
       for (int j = 0; j < kChunk / 8; j += 2) {
         const float* o = o_acc + 4 * j;
-        mma::stsm_x4_trans(row + 8 * j * kLdO, M::pack(a.scale * o[0], a.scale * o[1]),
+        mma::stsm_x4_trans(row + j * j_step, M::pack(a.scale * o[0], a.scale * o[1]),
                            M::pack(a.scale * o[2], a.scale * o[3]), M::pack(a.scale * o[4], a.scale * o[5]),
                            M::pack(a.scale * o[6], a.scale * o[7]));
       }
+      if (tensor) wgmma::fence_shared_for_async();  // the tile's writes before the TMA unit reads it
       named_sync(kBarOutput + (warp >> 2), 128);
+      if (tensor && o_issuer() && (c + 1 < nc || sm_o_coords[3] == kChunk))
+        tma::store_output_tile(&maps.o, tensor_tile(stage).base, v0, sm_o_coords[0] + c * kChunk, sm_o_coords[1],
+                               sm_o_coords[2]);
     }
     FUSED_PHASE(6);
   }
-  if (nc > 0 && *sm_output_mode == kOutputRows) store_output_rows(nc - 1, min(kChunk, eos - bos - (nc - 1) * kChunk));
+  if (const int mode = *sm_output_mode; nc > 0 && mode != kOutputNone) {
+    const int last_rows = sm_o_coords[3];
+    if (mode == kOutputRows || last_rows < kChunk) store_output_rows(nc - 1, last_rows, mode == kOutputTensor);
+    if (o_issuer() && mode == kOutputTensor) tma::wait_stores_done();
+  }
   FUSED_PROFILE_END(n_chunks);
 
   const StateTarget final_state = *sm_final;
@@ -888,6 +927,10 @@ cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
   if (err == cudaSuccess)
     err = encode_token_tile_map(&maps.v, args.v, args.token_dtype, rows, args.T, args.HV, args.v_sb, args.v_st, args.v_sh);
   if (err != cudaSuccess) return err;
+  // o by tensor stores where its layout allows (a map the driver refuses: by rows).
+  maps.o_tensor = fused_output_tensor_storable(args) &&
+                  encode_output_tile_map(&maps.o, args.o, args.o_dtype, rows, args.T, args.HV, args.o_sb, args.o_st,
+                                         args.o_sh) == cudaSuccess;
   FLASHQLA_PLAN("gdn_fwd_fused_kernel: pass=%d grid=%lld block=%d smem=%d bytes (chunk %d, K=V=%d, piece %lld chunks)",
                 args.piece_pass, (long long)blocks, kThreads, kSmemBytes, kChunk, kDim, (long long)args.piece_chunks);
   cudaLaunchConfig_t config{};

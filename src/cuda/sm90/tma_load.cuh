@@ -1,13 +1,16 @@
 // Tensor-memory-accelerator loads of 16-bit token tiles, completed on an
-// mbarrier, and the host-side tensor map that describes them.
+// mbarrier, and stores of them (o), and the host-side tensor map that
+// describes them.
 //
 // A token tile is [64 tokens][128 features] of q, k or v for one (row, head),
-// landed in shared memory as core matrices (8 tokens x 8 features, 128
-// contiguous bytes) column block outermost: mma::ColumnBlockTile<T, 64>. The
+// landed in shared memory as two column blocks of [64 tokens][64 features],
+// 128-byte rows in the 128-byte swizzle: mma::Swizzled128Tile<T, 64>. The
 // five-dimensional map that produces this order in one instruction:
-//   dim 0: 8 features (contiguous), dim 1: tokens (token stride),
-//   dim 2: 16 feature blocks (16 bytes), dim 3: heads, dim 4: batch rows,
-// box (8, 64, 16, 1, 1). Tokens past the row's end (dim 1's extent) land as
+//   dim 0: 64 features (contiguous), dim 1: tokens (token stride),
+//   dim 2: 2 feature blocks (128 bytes), dim 3: heads, dim 4: batch rows,
+// box (64, 64, 2, 1, 1), swizzle 128B. The TMA unit moves whole 128-byte
+// lines (a box of 16-byte rows, the core-matrix order, costs it 8 times the
+// requests: docs/perf.md, v3.16). Tokens past the row's end (dim 1's extent) land as
 // zeros; for packed variable-length batches the rows past a sequence's end
 // hold the next sequence's tokens, which the kernel zeroes itself.
 #pragma once
@@ -57,7 +60,7 @@ __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
 }
 
 // Loads the token tile of (batch row, head) starting at `token` into `dst`
-// (16 KB, 128-byte aligned) and signals `bar` with its bytes.
+// (16 KB, 1024-byte aligned) and signals `bar` with its bytes.
 __device__ __forceinline__ void load_token_tile(void* dst, const CUtensorMap* map, uint64_t* bar, int token, int head,
                                                 int row) {
   asm volatile(
@@ -66,5 +69,28 @@ __device__ __forceinline__ void load_token_tile(void* dst, const CUtensorMap* ma
       "l"(reinterpret_cast<uint64_t>(map)), "r"(mma::smem_addr(bar)), "r"(0), "r"(token), "r"(0), "r"(head), "r"(row)
       : "memory");
 }
+
+// Stores the [64 tokens][64 features] tile at `src` (mma::Swizzled128Tile,
+// 1024-byte aligned) to o's features from `feature` of the tokens from
+// `token` of (batch row, head), through encode_output_tile_map's map, as one
+// bulk group. Tokens past the map's extent are not written.
+__device__ __forceinline__ void store_output_tile(const CUtensorMap* map, const void* src, int feature, int token,
+                                                  int head, int row) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+      "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(map)),
+      "r"(mma::smem_addr(src)), "r"(feature), "r"(token), "r"(head), "r"(row)
+      : "memory");
+}
+
+// Waits until at most kPending of this thread's bulk store groups still read
+// shared memory.
+template <int kPending>
+__device__ __forceinline__ void wait_stores_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Waits until this thread's bulk stores are complete.
+__device__ __forceinline__ void wait_stores_done() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 }  // namespace flashqla::cuda::tma

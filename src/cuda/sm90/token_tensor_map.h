@@ -30,8 +30,9 @@ inline EncodeTiledFn encode_tiled_entry() {
 }
 
 // The map of a [rows][tokens][heads][128] 16-bit tensor with element strides
-// (row, token, head) and a contiguous last dimension, for tiles of 64 tokens.
-// Returns cudaErrorInvalidValue where the driver refuses it (or is too old).
+// (row, token, head) and a contiguous last dimension, for tiles of 64 tokens
+// and 128 features (q, k and v's loads). Returns cudaErrorInvalidValue where
+// the driver refuses it (or is too old).
 inline cudaError_t encode_token_tile_map(CUtensorMap* map, const void* base, flashqla_dtype_t dtype, int64_t rows,
                                          int64_t tokens, int64_t heads, int64_t row_stride, int64_t token_stride,
                                          int64_t head_stride) {
@@ -44,13 +45,39 @@ inline cudaError_t encode_token_tile_map(CUtensorMap* map, const void* base, fla
     return static_cast<cuuint64_t>(extent > 1 ? stride * 2 : 16);
   };
   auto at_least_one = [](int64_t n) { return static_cast<cuuint64_t>(n > 0 ? n : 1); };
-  const cuuint64_t dims[5] = {8, at_least_one(tokens), 16, at_least_one(heads), at_least_one(rows)};
-  const cuuint64_t strides[4] = {stride_bytes(tokens, token_stride), 16, stride_bytes(heads, head_stride),
+  const cuuint64_t dims[5] = {64, at_least_one(tokens), 2, at_least_one(heads), at_least_one(rows)};
+  const cuuint64_t strides[4] = {stride_bytes(tokens, token_stride), 128, stride_bytes(heads, head_stride),
                                  stride_bytes(rows, row_stride)};
-  const cuuint32_t box[5] = {8, 64, 16, 1, 1};
+  const cuuint32_t box[5] = {64, 64, 2, 1, 1};
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   const CUresult r = encode(map, type, 5, const_cast<void*>(base), dims, strides, box, element_strides,
-                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// The map of o, a [rows][tokens][heads][128] 16-bit tensor as above, for
+// tiles of 64 tokens and 64 features (a state warpgroup's half) in the
+// 128-byte swizzled layout (tma_load.cuh, store_output_tile): each box row is
+// 128 contiguous bytes of o, written by the TMA unit as whole lines.
+inline cudaError_t encode_output_tile_map(CUtensorMap* map, const void* base, flashqla_dtype_t dtype, int64_t rows,
+                                          int64_t tokens, int64_t heads, int64_t row_stride, int64_t token_stride,
+                                          int64_t head_stride) {
+  const EncodeTiledFn encode = encode_tiled_entry();
+  if (encode == nullptr) return cudaErrorInvalidValue;
+  const CUtensorMapDataType type =
+      dtype == FLASHQLA_DTYPE_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  auto stride_bytes = [](int64_t extent, int64_t stride) {
+    return static_cast<cuuint64_t>(extent > 1 ? stride * 2 : 16);
+  };
+  auto at_least_one = [](int64_t n) { return static_cast<cuuint64_t>(n > 0 ? n : 1); };
+  const cuuint64_t dims[4] = {128, at_least_one(tokens), at_least_one(heads), at_least_one(rows)};
+  const cuuint64_t strides[3] = {stride_bytes(tokens, token_stride), stride_bytes(heads, head_stride),
+                                 stride_bytes(rows, row_stride)};
+  const cuuint32_t box[4] = {64, 64, 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(map, type, 4, const_cast<void*>(base), dims, strides, box, element_strides,
+                            CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }

@@ -177,14 +177,18 @@ struct CoreTile {
   }
 };
 
-// - ColumnBlockTile: the same core matrices, column block outermost: the row
-//   blocks of a column block 128 bytes apart, column blocks kRows * 16 bytes
-//   apart (the order a TMA box lands in, tma_load.cuh).
+// - Swizzled128Tile: [kRows][64 n] as n column blocks of [kRows][64], each
+//   row of a block 128 bytes whose 16-byte chunks are permuted by the row's
+//   index mod 8 (chunk j at j ^ (r mod 8)): the TMA unit's 128-byte swizzle
+//   (a tensor map's box row is one whole 128-byte line of global memory), and
+//   wgmma's 128-byte swizzled layouts (K-major: 8-row groups 1024 bytes apart;
+//   MN-major: the same with K = rows). The 8 rows of a core matrix hit
+//   distinct banks. The base is 1024-byte aligned.
 template <typename T, int kRows>
-struct ColumnBlockTile {
+struct Swizzled128Tile {
   T* base;
   __device__ __forceinline__ T* at(int r, int c) const {
-    return base + (c >> 3) * (kRows * 8) + (r >> 3) * 64 + (r & 7) * 8 + (c & 7);
+    return base + (c >> 6) * (kRows * 64) + r * 64 + ((((c >> 3) ^ r) & 7) << 3) + (c & 7);
   }
 };
 

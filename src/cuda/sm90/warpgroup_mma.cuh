@@ -23,13 +23,15 @@
 
 namespace flashqla::cuda::wgmma {
 
-__device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+// layout_type: 0 no swizzle ("interleave"), 1 the 128-byte swizzle.
+__device__ __forceinline__ uint64_t make_desc(const void* smem, uint32_t lbo_bytes, uint32_t sbo_bytes,
+                                              uint8_t layout_type = 0) {
   cute::GmmaDescriptor d;
   d.bitfield.start_address_ = static_cast<uint16_t>(static_cast<uint32_t>(__cvta_generic_to_shared(smem)) >> 4);
   d.bitfield.leading_byte_offset_ = static_cast<uint16_t>(lbo_bytes >> 4);
   d.bitfield.stride_byte_offset_ = static_cast<uint16_t>(sbo_bytes >> 4);
   d.bitfield.base_offset_ = 0;
-  d.bitfield.layout_type_ = 0;  // interleave: no swizzle
+  d.bitfield.layout_type_ = layout_type;
   return d.desc_;
 }
 
@@ -60,16 +62,19 @@ __device__ __forceinline__ uint64_t mnmajor_desc(const mma::CoreTile<T, kCols>& 
   return offset_desc(make_desc(tile.base, kCols * 16, 128), tile.base, tile.at(k0, mn0));
 }
 
-// The same two for a ColumnBlockTile [kRows][..]: core matrices adjacent in
-// the columns kRows * 16 bytes apart, in the rows 128 bytes apart.
-// (kmajor_desc from row n0, a multiple of 8: the operand's rows n0..)
+// The same two for a Swizzled128Tile [kRows][..] (128-byte swizzle; k0 and
+// n0 / mn0 such that the start is a chunk of an unpermuted row, i.e. rows a
+// multiple of 8). K-major: 8-row groups 1024 bytes apart (SBO), K steps of 16
+// are 32 bytes inside a 128-byte row, the next 64 columns the next column
+// block (LBO unused). MN-major: 8-row (K) groups 1024 bytes apart (SBO),
+// column blocks (64 MN) kRows * 128 bytes apart (LBO).
 template <typename T, int kRows>
-__device__ __forceinline__ uint64_t kmajor_desc(const mma::ColumnBlockTile<T, kRows>& tile, int k0, int n0 = 0) {
-  return offset_desc(make_desc(tile.base, kRows * 16, 128), tile.base, tile.at(n0, k0));
+__device__ __forceinline__ uint64_t kmajor_desc(const mma::Swizzled128Tile<T, kRows>& tile, int k0, int n0 = 0) {
+  return offset_desc(make_desc(tile.base, 16, 1024, 1), tile.base, tile.at(n0, k0));
 }
 template <typename T, int kRows>
-__device__ __forceinline__ uint64_t mnmajor_desc(const mma::ColumnBlockTile<T, kRows>& tile, int k0, int mn0 = 0) {
-  return offset_desc(make_desc(tile.base, 128, kRows * 16), tile.base, tile.at(k0, mn0));
+__device__ __forceinline__ uint64_t mnmajor_desc(const mma::Swizzled128Tile<T, kRows>& tile, int k0, int mn0 = 0) {
+  return offset_desc(make_desc(tile.base, kRows * 128, 1024, 1), tile.base, tile.at(k0, mn0));
 }
 
 // CuTe's name of a 16-bit element type.
