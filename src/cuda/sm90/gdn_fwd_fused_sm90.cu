@@ -584,20 +584,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       // Then, inside each 32x32 diagonal block (warp w < 2: the block at 32 w),
       // its block below the diagonal, T_10 = −T_11 A_10 T_00 (16x16, tf32):
       // A_10 read where the epilogue left it (transposed, in the block's unused
-      // upper-right quadrant), M = T_11 A_10 through the lower-left quadrant,
-      // then T_10 over it. Warp 2 meanwhile forms the next chunk's gates.
+      // upper-right quadrant), M = T_11 A_10 in registers, the accumulator taken
+      // as the next product's A operand, and T_10 only in 16 bits, as Tβ's block
+      // (the fp32 tile never holds it). Warp 2 meanwhile forms the next chunk's gates.
       if (pwarp == 2 && c + 1 < n_chunks) compute_gates(c + 1);
       if (pwarp < 2) {
         const int b0 = 32 * pwarp;
-        float* const lower = tt + (b0 + 16) * kLdF + b0;  // the block's lower-left quadrant
         float m16[2][4] = {};
         mma::mma_tf32_16x16x16_bt(m16, tt + (b0 + 16) * kLdF + b0 + 16, kLdF, tt + b0 * kLdF + b0 + 16, kLdF, lane);
-        mma::store_c_16x16(lower, kLdF, m16, 1.f, lane);
-        __syncwarp();
-        float t16[2][4] = {};
-        mma::mma_tf32_16x16x16(t16, lower, kLdF, tt + b0 * kLdF + b0, kLdF, lane);
-        __syncwarp();  // every lane has read M
-        mma::store_c_16x16(lower, kLdF, t16, -1.f, lane);
+        float t16[2][4] = {};  // M T_00 = −T_10
+        mma::mma_tf32_16x16x16_acc_a(t16, m16, tt + b0 * kLdF + b0, kLdF, lane);
         const int g = lane_again() >> 2, t4 = lane_again() & 3;
         const CoreTile<T, kChunk> tb = tb_tile(stage);
 #pragma unroll

@@ -80,13 +80,12 @@ __device__ __forceinline__ void mma_tf32_m16n8k8(float (&c)[4], const uint32_t (
 }
 
 // C (16x16, two n-tiles of C fragments) += A (16x16) B (16x16), fp32 operands
-// read from row-major shared tiles and multiplied in tf32 (m16n8k8):
+// read from shared tiles, A row-major and B transposed (bt[n * ldbt + k] =
+// B[k][n]), multiplied in tf32 (m16n8k8):
 //   A 16x8: a0 (g, t)  a1 (g+8, t)  a2 (g, t+4)  a3 (g+8, t+4);  B 8x8: b0 (k t, n g)  b1 (k t+4, n g)
-// B is read row-major (b[k * ldb + n]), or, with kBTransposed, from its
-// transpose (bt[n * ldb + k]: B's fragments then read like A's rows).
-template <bool kBTransposed>
-__device__ __forceinline__ void mma_tf32_16x16x16_impl(float (&c)[2][4], const float* a, int lda, const float* b,
-                                                       int ldb, int lane) {
+// C: c[nt][e] at row g + 8 (e / 2), column 8 nt + 2 t + e % 2.
+__device__ __forceinline__ void mma_tf32_16x16x16_bt(float (&c)[2][4], const float* a, int lda, const float* bt,
+                                                     int ldbt, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int k0 = 0; k0 < 16; k0 += 8) {
@@ -94,37 +93,30 @@ __device__ __forceinline__ void mma_tf32_16x16x16_impl(float (&c)[2][4], const f
                             to_tf32(a[g * lda + k0 + t + 4]), to_tf32(a[(g + 8) * lda + k0 + t + 4])};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      uint32_t b0, b1;
-      if constexpr (kBTransposed) {
-        const float* const col = b + (8 * nt + g) * ldb + k0;
-        b0 = to_tf32(col[t]), b1 = to_tf32(col[t + 4]);
-      } else {
-        b0 = to_tf32(b[(k0 + t) * ldb + 8 * nt + g]), b1 = to_tf32(b[(k0 + t + 4) * ldb + 8 * nt + g]);
-      }
-      mma_tf32_m16n8k8(c[nt], af, b0, b1);
+      const float* const col = bt + (8 * nt + g) * ldbt + k0;
+      mma_tf32_m16n8k8(c[nt], af, to_tf32(col[t]), to_tf32(col[t + 4]));
     }
   }
 }
 
-__device__ __forceinline__ void mma_tf32_16x16x16(float (&c)[2][4], const float* a, int lda, const float* b, int ldb,
-                                                  int lane) {
-  mma_tf32_16x16x16_impl<false>(c, a, lda, b, ldb, lane);
-}
-
-// The same with B given transposed: bt[n * ldbt + k] = B[k][n].
-__device__ __forceinline__ void mma_tf32_16x16x16_bt(float (&c)[2][4], const float* a, int lda, const float* bt,
-                                                     int ldbt, int lane) {
-  mma_tf32_16x16x16_impl<true>(c, a, lda, bt, ldbt, lane);
-}
-
-// Stores a 16x16 fp32 C (as accumulated by mma_tf32_16x16x16), times `scale`,
-// to a row-major shared tile.
-__device__ __forceinline__ void store_c_16x16(float* dst, int ld, const float (&c)[2][4], float scale, int lane) {
+// C (16x16) += A (16x16) B (16x16) with A an fp32 accumulator of this warp
+// (mma_tf32_16x16x16_bt's C layout: a[nt][e] at row g + 8 (e / 2), column
+// 8 nt + 2 t + e % 2) and B read row-major from shared memory. The sum over k
+// takes each k8 block in the order 0, 2, 4, 6, 1, 3, 5, 7 (A's k slot t is
+// column 2 t, slot t + 4 column 2 t + 1, and B's rows likewise), so that the
+// accumulator's registers are A's fragment as they are: no shuffle, no round
+// trip through shared memory.
+__device__ __forceinline__ void mma_tf32_16x16x16_acc_a(float (&c)[2][4], const float (&a)[2][4], const float* b,
+                                                        int ldb, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    *reinterpret_cast<float2*>(dst + g * ld + 8 * nt + 2 * t) = make_float2(scale * c[nt][0], scale * c[nt][1]);
-    *reinterpret_cast<float2*>(dst + (g + 8) * ld + 8 * nt + 2 * t) = make_float2(scale * c[nt][2], scale * c[nt][3]);
+  for (int kb = 0; kb < 2; ++kb) {
+    const uint32_t af[4] = {to_tf32(a[kb][0]), to_tf32(a[kb][2]), to_tf32(a[kb][1]), to_tf32(a[kb][3])};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      const float* const rows = b + (8 * kb + 2 * t) * ldb + 8 * nt + g;
+      mma_tf32_m16n8k8(c[nt], af, to_tf32(rows[0]), to_tf32(rows[ldb]));
+    }
   }
 }
 
