@@ -439,8 +439,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       // V(c) into the stage chunk c − 2 released, Q(c + 1) and K(c + 1) into
       // chunk c − 2's q/k stage (released by the same barrier).
+      // No proxy fence before the loads: the stage's generic writes (rows of a
+      // partial chunk, zeroed v) were fenced by their writers when made, and its
+      // generic reads ended before the stage barrier above (a read before an
+      // async-proxy write needs no fence, as in CUTLASS's TMA pipelines).
       if (loader) {
-        wgmma::fence_shared_for_async();  // generic accesses of the stage before TMA's writes
         if (item.read_v) load_v(c, stage);
         if (c + 1 < n_chunks && c + 1 < kLoadedChunks) load_qk(c + 1);
       }
