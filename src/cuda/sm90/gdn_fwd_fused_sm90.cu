@@ -374,11 +374,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_gates(0, g_next, b_next);
       compute_gates(0);
     }
-    // Tβ's two stages zeroed once: the upper-right 16x16 quadrants of its 32x32
-    // diagonal blocks stay zero (the inverse and A's epilogue write the rest
+    // P's and Tβ's two stages (adjacent) zeroed once: P's column tiles above
+    // each warp's rows and the upper-right 16x16 quadrants of Tβ's 32x32
+    // diagonal blocks stay zero (the epilogues and the inverse write the rest
     // that is read every chunk).
-    for (int i = tid - kStateThreads; i < 2 * kTile64 / 16; i += kProducerThreads)
-      reinterpret_cast<uint4*>(smem + kOffTb)[i] = make_uint4(0u, 0u, 0u, 0u);
+    static_assert(kOffTb == kOffP + 2 * kTile64, "P's and Tβ's stages adjacent");
+    for (int i = tid - kStateThreads; i < 4 * kTile64 / 16; i += kProducerThreads)
+      reinterpret_cast<uint4*>(smem + kOffP)[i] = make_uint4(0u, 0u, 0u, 0u);
     wgmma::fence_shared_for_async();
     if (!item.read_v) {  // v = 0 (a piece's transition): both v stages zeroed once, never loaded
       for (int i = tid - kStateThreads; i < 2 * kTile16 / 16; i += kProducerThreads)
@@ -474,67 +476,72 @@ __global__ void __launch_bounds__(kThreads, 1)
         wgmma::fence_operands(acc);
         wgmma::fence_operands(acc_p);
         FUSED_PHASE(16);
-        // P: the warp's 16 token rows, e^{γ_i − γ_j}, 0 above the diagonal.
-        {
-          const CoreTile<T, kChunk> pt = p_tile(stage);
+        // The epilogues, one pass over the warp's 16 token rows i (the warp index
+        // a compile-time constant: each warp's code knows which of its column
+        // tiles hold what). Every entry below takes the same factor e^{γ_i − γ_j}
+        // (one exponential an entry, shared):
+        // - P = Q Kᵀ ⊙ Γ, 0 above the diagonal, into the stage's P tile; column
+        //   tiles wholly above the warp's rows (8 j > 16 w + 15) are zeros,
+        //   written once for the item (below), not a chunk;
+        // - A = β (K Kᵀ ⊙ Γ), 0 on and above the diagonal: the warp's 16 rows of
+        //   its 32x32 diagonal block, transposed into T's tile (inverted there in
+        //   place; the substitution reads them so, conflict-free);
+        // - a quarter of the block below the diagonal blocks, L_10 = (K Kᵀ ⊙ Γ)'s
+        //   rows 32.., columns ..31 (A_10 without β), in 16 bits into Tβ's tile
+        //   there, the state warpgroups' operand (T's block below the diagonal
+        //   is never formed: step 2 of the state warpgroups). K Kᵀ is symmetric,
+        //   so warps 0 and 1 take their quarters from their own rows' columns
+        //   32..63 (warp 0: L_10[16..31][0..15], warp 1: L_10[0..15][16..31];
+        //   the factor there e^{γ_j − γ_i}, an exponential of its own); warps 2
+        //   and 3 theirs directly (warp 2: L_10[0..15][0..15], warp 3:
+        //   L_10[16..31][16..31]).
+        // The rest of the accumulators is never read.
+        const CoreTile<T, kChunk> pt = p_tile(stage);
+        const CoreTile<T, kChunk> tb = tb_tile(stage);
+        auto epilogue = [&](auto warp_index) {
+          constexpr int kWarp = decltype(warp_index)::value;
+          constexpr int kDiag = 4 * (kWarp / 2);                  // the diagonal block's first column tile
+          constexpr int kQuarter = kWarp < 2 ? 6 - 2 * kWarp : 2 * (kWarp - 2);  // the quarter's
+          constexpr bool kSymmetric = kWarp < 2;
+          constexpr int kBelow = 2 * kWarp + 2;  // column tiles >= this are above every row of the warp
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const int i = 16 * pwarp + g + 8 * half;
+            const int i = 16 * kWarp + g + 8 * half;
 #pragma unroll
             for (int j = 0; j < kChunk / 8; ++j) {
               const int col = 8 * j + 2 * t4;
+              // P's zeros there were written once for the item; A's (in the
+              // diagonal block's lower-left quadrant, transposed) are never read.
+              if (j >= kBelow) continue;
+              const float e0 = masked_exp2(col <= i, g_row[half] - g_col[j].x);
+              const float e1 = masked_exp2(col + 1 <= i, g_row[half] - g_col[j].y);
               *reinterpret_cast<uint32_t*>(pt.at(i, col)) =
-                  M::pack(acc_p[4 * j + 2 * half] * masked_exp2(col <= i, g_row[half] - g_col[j].x),
-                          acc_p[4 * j + 2 * half + 1] * masked_exp2(col + 1 <= i, g_row[half] - g_col[j].y));
+                  M::pack(acc_p[4 * j + 2 * half] * e0, acc_p[4 * j + 2 * half + 1] * e1);
+              if (j >= kDiag && j < kDiag + 4) {
+                tt[col * kLdF + i] = col < i ? acc[4 * j + 2 * half] * b_row[half] * e0 : 0.f;
+                tt[(col + 1) * kLdF + i] = col + 1 < i ? acc[4 * j + 2 * half + 1] * b_row[half] * e1 : 0.f;
+              }
+              if (!kSymmetric && j >= kQuarter && j < kQuarter + 2)
+                *reinterpret_cast<uint32_t*>(tb.at(i, col)) =
+                    M::pack(acc[4 * j + 2 * half] * e0, acc[4 * j + 2 * half + 1] * e1);
             }
-          }
-        }
-        FUSED_PHASE(17);
-        // The epilogue, the same work for every warp: its 16 rows of its 32x32
-        // diagonal block, transposed into T's (inverted there in place; the
-        // substitution reads them so, conflict-free), and a quarter of the block
-        // below, L_10 = (K Kᵀ ⊙ Γ)'s rows 32.., columns ..31 (A_10 without β),
-        // in 16 bits into Tβ's tile there, the state warpgroups' operand (T's
-        // block below the diagonal is never formed: step 2 of the state
-        // warpgroups). K Kᵀ is symmetric, so warps 0 and 1 take their quarters
-        // from their own rows' columns 32..63 (warp 0: L_10[16..31][0..15],
-        // warp 1: L_10[0..15][16..31]); warps 2 and 3 theirs directly (warp 2:
-        // L_10[0..15][0..15], warp 3: L_10[16..31][16..31]). The rest of the
-        // accumulator is never read.
-        const CoreTile<T, kChunk> tb = tb_tile(stage);
-        auto epilogue = [&](auto diag_tiles, auto quarter_tiles, auto symmetric) {
-          constexpr int kDiag = decltype(diag_tiles)::value, kQuarter = decltype(quarter_tiles)::value;
+            if constexpr (kSymmetric) {
 #pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int i = 16 * pwarp + g + 8 * half;
-#pragma unroll
-            for (int j = kDiag; j < kDiag + 4; ++j) {
-              const int col = 8 * j + 2 * t4;
-              // A: β_i e^{γ_i − γ_j}, 0 on and above the diagonal.
-              tt[col * kLdF + i] = acc[4 * j + 2 * half] * b_row[half] * masked_exp2(col < i, g_row[half] - g_col[j].x);
-              tt[(col + 1) * kLdF + i] =
-                  acc[4 * j + 2 * half + 1] * b_row[half] * masked_exp2(col + 1 < i, g_row[half] - g_col[j].y);
-            }
-#pragma unroll
-            for (int j = kQuarter; j < kQuarter + 2; ++j) {
-              const int col = 8 * j + 2 * t4;
-              if constexpr (decltype(symmetric)::value) {
+              for (int j = kQuarter; j < kQuarter + 2; ++j) {
                 // (K Kᵀ)[i][col] is L's entry at row col (>= 32 > i), column i.
+                const int col = 8 * j + 2 * t4;
                 *tb.at(col, i) = T(acc[4 * j + 2 * half] * masked_exp2(true, g_col[j].x - g_row[half]));
                 *tb.at(col + 1, i) = T(acc[4 * j + 2 * half + 1] * masked_exp2(true, g_col[j].y - g_row[half]));
-              } else {
-                *reinterpret_cast<uint32_t*>(tb.at(i, col)) =
-                    M::pack(acc[4 * j + 2 * half] * masked_exp2(true, g_row[half] - g_col[j].x),
-                            acc[4 * j + 2 * half + 1] * masked_exp2(true, g_row[half] - g_col[j].y));
               }
             }
           }
         };
         using std::integral_constant;
-        if (pwarp == 0) epilogue(integral_constant<int, 0>{}, integral_constant<int, 6>{}, std::true_type{});
-        else if (pwarp == 1) epilogue(integral_constant<int, 0>{}, integral_constant<int, 4>{}, std::true_type{});
-        else if (pwarp == 2) epilogue(integral_constant<int, 4>{}, integral_constant<int, 0>{}, std::false_type{});
-        else epilogue(integral_constant<int, 4>{}, integral_constant<int, 2>{}, std::false_type{});
+        if (pwarp == 0) epilogue(integral_constant<int, 0>{});
+        else if (pwarp == 1) epilogue(integral_constant<int, 1>{});
+        else if (pwarp == 2) epilogue(integral_constant<int, 2>{});
+        else epilogue(integral_constant<int, 3>{});
+        FUSED_PHASE(17);
       }
       named_sync(kBarProducer, kProducerThreads);
       FUSED_PHASE(10);
