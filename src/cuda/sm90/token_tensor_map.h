@@ -29,6 +29,17 @@ inline EncodeTiledFn encode_tiled_entry() {
   return fn;
 }
 
+// What both maps below share: the 16-bit element type, a dimension's stride in
+// bytes (a dimension of extent 1 is never stepped along; its stride only has
+// to be valid) and extents of at least 1.
+inline CUtensorMapDataType token_map_type(flashqla_dtype_t dtype) {
+  return dtype == FLASHQLA_DTYPE_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+inline cuuint64_t token_map_stride_bytes(int64_t extent, int64_t stride) {
+  return static_cast<cuuint64_t>(extent > 1 ? stride * 2 : 16);
+}
+inline cuuint64_t token_map_extent(int64_t n) { return static_cast<cuuint64_t>(n > 0 ? n : 1); }
+
 // The map of a [rows][tokens][heads][128] 16-bit tensor with element strides
 // (row, token, head) and a contiguous last dimension, for tiles of 64 tokens
 // and 128 features (q, k and v's loads). Returns cudaErrorInvalidValue where
@@ -38,16 +49,10 @@ inline cudaError_t encode_token_tile_map(CUtensorMap* map, const void* base, fla
                                          int64_t head_stride) {
   const EncodeTiledFn encode = encode_tiled_entry();
   if (encode == nullptr) return cudaErrorInvalidValue;
-  const CUtensorMapDataType type =
-      dtype == FLASHQLA_DTYPE_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  // A dimension of extent 1 is never stepped along; its stride only has to be valid.
-  auto stride_bytes = [](int64_t extent, int64_t stride) {
-    return static_cast<cuuint64_t>(extent > 1 ? stride * 2 : 16);
-  };
-  auto at_least_one = [](int64_t n) { return static_cast<cuuint64_t>(n > 0 ? n : 1); };
-  const cuuint64_t dims[5] = {64, at_least_one(tokens), 2, at_least_one(heads), at_least_one(rows)};
-  const cuuint64_t strides[4] = {stride_bytes(tokens, token_stride), 128, stride_bytes(heads, head_stride),
-                                 stride_bytes(rows, row_stride)};
+  const CUtensorMapDataType type = token_map_type(dtype);
+  const cuuint64_t dims[5] = {64, token_map_extent(tokens), 2, token_map_extent(heads), token_map_extent(rows)};
+  const cuuint64_t strides[4] = {token_map_stride_bytes(tokens, token_stride), 128,
+                                 token_map_stride_bytes(heads, head_stride), token_map_stride_bytes(rows, row_stride)};
   const cuuint32_t box[5] = {64, 64, 2, 1, 1};
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   const CUresult r = encode(map, type, 5, const_cast<void*>(base), dims, strides, box, element_strides,
@@ -65,15 +70,10 @@ inline cudaError_t encode_output_tile_map(CUtensorMap* map, const void* base, fl
                                           int64_t head_stride) {
   const EncodeTiledFn encode = encode_tiled_entry();
   if (encode == nullptr) return cudaErrorInvalidValue;
-  const CUtensorMapDataType type =
-      dtype == FLASHQLA_DTYPE_BFLOAT16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  auto stride_bytes = [](int64_t extent, int64_t stride) {
-    return static_cast<cuuint64_t>(extent > 1 ? stride * 2 : 16);
-  };
-  auto at_least_one = [](int64_t n) { return static_cast<cuuint64_t>(n > 0 ? n : 1); };
-  const cuuint64_t dims[4] = {128, at_least_one(tokens), at_least_one(heads), at_least_one(rows)};
-  const cuuint64_t strides[3] = {stride_bytes(tokens, token_stride), stride_bytes(heads, head_stride),
-                                 stride_bytes(rows, row_stride)};
+  const CUtensorMapDataType type = token_map_type(dtype);
+  const cuuint64_t dims[4] = {128, token_map_extent(tokens), token_map_extent(heads), token_map_extent(rows)};
+  const cuuint64_t strides[3] = {token_map_stride_bytes(tokens, token_stride),
+                                 token_map_stride_bytes(heads, head_stride), token_map_stride_bytes(rows, row_stride)};
   const cuuint32_t box[4] = {64, 64, 1, 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUresult r = encode(map, type, 4, const_cast<void*>(base), dims, strides, box, element_strides,
