@@ -3,7 +3,8 @@
 # build the C++ library and tests with the CUDA backend, run the GPU tests of
 # the C++ suite, then the fused kernel's timing and phase profile
 # (benchmarks/tools/fused_phase_profile.cu), the wgmma rates of its operand
-# layouts (benchmarks/tools/wgmma_rate.cu) and a short table.
+# layouts (benchmarks/tools/wgmma_rate.cu), what the producer's wgmma batch
+# costs its issuing warps (benchmarks/tools/wgmma_issue.cu) and a short table.
 # scripts/gpu_check.sh is the full check (Python suite and benchmark included).
 # Needs third_party/ from scripts/prepare_device.sh, carried with the call.
 set -uo pipefail
@@ -30,6 +31,8 @@ for side in 1 2; do
 done
 nvcc "${nvcc_flags[@]}" benchmarks/tools/wgmma_rate.cu -o /tmp/wgmma_rate > "${out}/tool-rate.log" 2>&1 &
 rate_pid=$!
+nvcc "${nvcc_flags[@]}" benchmarks/tools/wgmma_issue.cu -o /tmp/wgmma_issue > "${out}/tool-issue.log" 2>&1 &
+issue_pid=$!
 start=${SECONDS}
 cmake -S . -B "${build}" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFLASHQLA_ENABLE_CUDA=ON \
   -DFLASHQLA_GTEST_SOURCE_DIR="${PWD}/third_party/googletest" > "${out}/configure.log" 2>&1 \
@@ -41,9 +44,11 @@ wait ${profile_pid}
 profile_rc=$?
 wait ${rate_pid}
 rate_rc=$?
+wait ${issue_pid}
+issue_rc=$?
 build_s=$((SECONDS - start))
-if [[ ${build_rc} -ne 0 || ${timing_rc} -ne 0 || ${profile_rc} -ne 0 || ${rate_rc} -ne 0 ]]; then
-  tail -n 40 "${out}/build.log" "${out}/tool.log" "${out}/tool-profile.log" "${out}/tool-rate.log"
+if [[ ${build_rc} -ne 0 || ${timing_rc} -ne 0 || ${profile_rc} -ne 0 || ${rate_rc} -ne 0 || ${issue_rc} -ne 0 ]]; then
+  tail -n 40 "${out}/build.log" "${out}/tool.log" "${out}/tool-profile.log" "${out}/tool-rate.log" "${out}/tool-issue.log"
   echo "BUILD FAILED"
   exit 1
 fi
@@ -58,11 +63,12 @@ grep -E "\*\*\*|Failed|Skipped" "${out}/ctest.log" | head -n 30
 timeout 120 /tmp/fused_timing > "${out}/timing.log" 2>&1
 timeout 120 /tmp/fused_profile > "${out}/profile.log" 2>&1
 timeout 60 /tmp/wgmma_rate > "${out}/rate.log" 2>&1
+timeout 60 /tmp/wgmma_issue > "${out}/issue.log" 2>&1
 for side in 1 2; do
   [[ -x /tmp/fused_isolate_${side} ]] && timeout 60 /tmp/fused_isolate_${side} 2>&1 | grep -E "^B=|cycles|state:|producer:|per chunk" \
     > "${out}/isolate-${side}.log"
 done
-cat "${out}/rate.log" "${out}/profile.log"
+cat "${out}/rate.log" "${out}/issue.log" "${out}/profile.log"
 echo "--- state warpgroups alone (producer only hands stages over):"; cat "${out}/isolate-1.log"
 echo "--- producer alone (state warpgroups only release stages):"; cat "${out}/isolate-2.log"
 echo
