@@ -143,6 +143,12 @@ def environment():
     return env
 
 
+def card_name():
+    """The results' file stem for this GPU: h200, h100, or gpu for any other card."""
+    name = torch.cuda.get_device_name()
+    return "h200" if "H200" in name else "h100" if "H100" in name else "gpu"
+
+
 def chunk_latency_us(flush, reps):
     """Serial latency of one (sequence, head) chain: one sequence of 8192 tokens, one head.
 
@@ -164,7 +170,9 @@ def chunk_latency_us(flush, reps):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "h200.csv")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="the CSV to write (its sidecar: the same name, .json); default: results/h200.csv on an "
+                         "H200, results/h100.csv on an H100, results/gpu.csv on any other card")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rows", default="", help="regular expression: keep rows whose 'model,seqlens' it matches "
                                                 "(e.g. 'TP8,1x' or '^397B/122B TP1,')")
@@ -175,6 +183,8 @@ def main(argv=None):
     ap.add_argument("--no-host-lengths", action="store_true",
                     help="leave cu_seqlens_cpu out (the sequence-piece plan then takes the lengths as equal)")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = HERE / "results" / f"{card_name()}.csv"
 
     rows = list(csv.DictReader(ANCHORS.open()))
     if args.rows:

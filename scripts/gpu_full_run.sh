@@ -2,13 +2,22 @@
 # On the GPU machine, the whole check in one call: scripts/gpu_check.sh --quick
 # (build, C++ suite, Python GPU suite, quick benchmark), then, if it passed, the
 # full forward benchmark (scripts/gpu_bench.sh). What comes back in $OUT is kept
-# to eight files: h200.csv and h200.json from the benchmark, the check's logs as
+# to eight files: h200.csv and h200.json from the benchmark (h100.* on an H100:
+# scripts/lib/card_name.sh), the check's logs as
 # one archive, the benchmark's log and FLA's Triton compile cache in up to four
 # pieces (gpu_bench.sh).
 # Needs third_party/ and .whl/ from scripts/prepare_device.sh, carried with the
 # call (and .triton-cache.tar.xz where an earlier run left one: scripts/lib/triton_cache.sh).
+# FULL_RUN_REQUIRE_H200=1: on any other card, say so and stop at once (exit 3),
+# before anything is built: a run for the H200's figures costs no device time
+# on a machine that cannot give them.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source scripts/lib/card_name.sh
+if [[ "${FULL_RUN_REQUIRE_H200:-0}" == 1 && "$(fq_card_name)" != h200 ]]; then
+  echo "not an H200 ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)): no run"
+  exit 3
+fi
 out="${OUT:-/tmp/flashqla-gpu-full-run}"
 mkdir -p "${out}"
 logs=$(mktemp -d)
@@ -28,6 +37,6 @@ if [[ ${budget} -gt 0 ]]; then
 fi
 OUT="${bench}" bash scripts/gpu_bench.sh "$@" > "${out}/bench.log" 2>&1
 bench_rc=$?
-cp "${bench}"/h200.csv "${bench}"/h200.json "${bench}"/triton-cache.tar.xz.part-* "${out}/" 2>/dev/null
+cp "${bench}"/*.csv "${bench}"/*.json "${bench}"/triton-cache.tar.xz.part-* "${out}/" 2>/dev/null
 tail -n 8 "${out}/bench.log"
 exit "${bench_rc}"

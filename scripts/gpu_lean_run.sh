@@ -2,9 +2,10 @@
 # On the GPU machine, for when device time is short: build and the C++ suite
 # (scripts/gpu_check.sh --cpp-only), then, if it passed, the full forward
 # benchmark (scripts/gpu_bench.sh, which also installs the package), then the
-# Python GPU suite. The benchmark's h200.csv / h200.json and the logs go to $OUT
-# as they are written, so a run cut short keeps what it measured. Needs
-# third_party/ and .whl/ from scripts/prepare_device.sh, carried with the call.
+# Python GPU suite. The benchmark's h200.csv / h200.json (h100.* on an H100)
+# and the logs go to $OUT as they are written, so a run cut short keeps what it
+# measured. Needs third_party/ and .whl/ from scripts/prepare_device.sh, carried
+# with the call.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/flashqla-gpu-lean-run}"
