@@ -171,8 +171,10 @@ def chunk_latency_us(flush, reps):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=None,
-                    help="the CSV to write (its sidecar: the same name, .json); default: results/h200.csv on an "
-                         "H200, results/h100.csv on an H100, results/gpu.csv on any other card")
+                    help="the CSV to write (its sidecar: the same name, .json); default: in --out-dir, named by "
+                         "the card: h200.csv on an H200, h100.csv on an H100, gpu.csv on any other")
+    ap.add_argument("--out-dir", type=Path, default=HERE / "results",
+                    help="where the card-named CSV goes when --out is not given")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rows", default="", help="regular expression: keep rows whose 'model,seqlens' it matches "
                                                 "(e.g. 'TP8,1x' or '^397B/122B TP1,')")
@@ -184,7 +186,7 @@ def main(argv=None):
                     help="leave cu_seqlens_cpu out (the sequence-piece plan then takes the lengths as equal)")
     args = ap.parse_args(argv)
     if args.out is None:
-        args.out = HERE / "results" / f"{card_name()}.csv"
+        args.out = args.out_dir / f"{card_name()}.csv"
 
     rows = list(csv.DictReader(ANCHORS.open()))
     if args.rows:

@@ -3,9 +3,9 @@
 # torch environment (no index needed), then run the forward benchmark over the
 # rows of the published table (all rows, or those matching $1, a regular
 # expression on "model,seqlens"). Writes h200.csv and h200.json to $OUT (or
-# benchmarks/results/ without $OUT), named by the card: h100.csv and h100.json
-# on an H100 (gpu.* on any other), so that no other card's run passes for the
-# H200's. Needs .whl/ from scripts/prepare_device.sh.
+# benchmarks/results/ without $OUT), named by the card (bench_fwd.py):
+# h100.csv and h100.json on an H100 (gpu.* on any other), so that no other
+# card's run passes for the H200's. Needs .whl/ from scripts/prepare_device.sh.
 # FLA's Triton kernels compile on first use, which is most of a fresh machine's
 # run: a compile cache carried as .triton-cache.tar.xz is used (scripts/lib/
 # triton_cache.sh), and this run's cache goes back as
@@ -21,7 +21,6 @@ if compgen -G ".whl/*.whl" >/dev/null; then
 fi
 python3 -m pip install -q --no-index . > "${out}/pip-install.log" 2>&1 || { tail -n 40 "${out}/pip-install.log"; exit 1; }
 source scripts/lib/triton_cache.sh
-source scripts/lib/card_name.sh
 fq_use_triton_cache
 set +e
 # BENCH_TIME_LIMIT (seconds): stop the benchmark then (the rows measured so far
@@ -29,7 +28,7 @@ set +e
 # time to hand the results back.
 limit=()
 [[ -n "${BENCH_TIME_LIMIT:-}" ]] && limit=(timeout "${BENCH_TIME_LIMIT}")
-"${limit[@]}" python3 benchmarks/bench_fwd.py --rows "${1:-}" --out "${out}/$(fq_card_name).csv"
+"${limit[@]}" python3 benchmarks/bench_fwd.py --rows "${1:-}" --out-dir "${out}"
 bench_rc=$?
 cache_tar=$(mktemp)
 if XZ_OPT=-T0 tar -cJf "${cache_tar}" -C "${TRITON_CACHE_DIR}" . 2>/dev/null \

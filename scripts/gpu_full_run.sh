@@ -3,7 +3,7 @@
 # (build, C++ suite, Python GPU suite, quick benchmark), then, if it passed, the
 # full forward benchmark (scripts/gpu_bench.sh). What comes back in $OUT is kept
 # to eight files: h200.csv and h200.json from the benchmark (h100.* on an H100:
-# scripts/lib/card_name.sh), the check's logs as
+# benchmarks/bench_fwd.py names them by the card), the check's logs as
 # one archive, the benchmark's log and FLA's Triton compile cache in up to four
 # pieces (gpu_bench.sh).
 # Needs third_party/ and .whl/ from scripts/prepare_device.sh, carried with the
@@ -13,9 +13,9 @@
 # on a machine that cannot give them.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-source scripts/lib/card_name.sh
-if [[ "${FULL_RUN_REQUIRE_H200:-0}" == 1 && "$(fq_card_name)" != h200 ]]; then
-  echo "not an H200 ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)): no run"
+card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+if [[ "${FULL_RUN_REQUIRE_H200:-0}" == 1 && "${card}" != *H200* ]]; then
+  echo "not an H200 (${card:-no GPU found}): no run"
   exit 3
 fi
 out="${OUT:-/tmp/flashqla-gpu-full-run}"
