@@ -66,16 +66,12 @@ __device__ __forceinline__ void set_max_registers() {
   }
 }
 
-// Shared memory (bytes). Three stages of k and q and the gate vectors γ, e^γ,
+// Shared memory (bytes). Three stages of q, k and the gate vectors γ, e^γ,
 // e^{γ_C − γ} (the producer loads or forms chunk c + 1's while it works on c and
 // the state warpgroups on c − 1), two of v, P, Tβ and β (the chunk the producer
 // hands over and the one the state warpgroups run); one of everything else.
 // Every 16-bit tile is a core-matrix tile (ldmatrix reads it without bank
-// conflicts, wgmma through a descriptor). A stage's k and q are one 128-byte
-// swizzled [128 rows][128] tile, k's tokens rows ..63 and q's rows 64..: each
-// 64-feature column block holds k's rows, then q's, so that [K; Q] is one
-// wgmma operand of 128 rows (the state warpgroups' step 1: Sᵀ [K; Q]ᵀ, one
-// m64n128k16 a key step instead of two m64n64k16).
+// conflicts, wgmma through a descriptor).
 // T is the producer's own padded fp32 [64][68] tile: it builds T's two 32x32
 // diagonal blocks there in place from A's (the rest of the tile unused). O goes
 // out through
@@ -86,8 +82,9 @@ constexpr int kKStages = 3;
 constexpr int kTile16 = kChunk * kDim * 2;   // [64][128]
 constexpr int kTile64 = kChunk * kChunk * 2;  // [64][64]
 constexpr int kTileF = kChunk * kLdF * 4;    // fp32 [64][68]
-constexpr int kOffQK = 0;
-constexpr int kOffV = kOffQK + kKStages * 2 * kTile16;
+constexpr int kOffQ = 0;
+constexpr int kOffK = kOffQ + kKStages * kTile16;
+constexpr int kOffV = kOffK + kKStages * kTile16;
 constexpr int kLdO = kDim + 8;  // row stride of the output tile (conflict-free transposed writes)
 constexpr int kOffO = kOffV + 2 * kTile16;
 constexpr int kOffP = kOffO + 2 * kChunk * kLdO * 2;
@@ -199,7 +196,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     gdn_fwd_fused_kernel(const ForwardArgs a, const __grid_constant__ TokenMaps maps) {
   using M = mma::Mma<T>;
   extern __shared__ __align__(1024) unsigned char smem[];
-  T* const sm_qk = reinterpret_cast<T*>(smem + kOffQK);
+  T* const sm_q = reinterpret_cast<T*>(smem + kOffQ);
+  T* const sm_k = reinterpret_cast<T*>(smem + kOffK);
   T* const sm_v = reinterpret_cast<T*>(smem + kOffV);
   // [2][64 tokens][kLdO] by rows; [2][2 warpgroups][64 tokens][64] 128-byte swizzled by tensor stores
   T* const sm_o = reinterpret_cast<T*>(smem + kOffO);
@@ -234,12 +232,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int eos = int(item.seq.eos);
   const int bos = int(item.seq.bos + item.chunk_begin * kChunk);  // the item's first token
   const int64_t n_chunks = __shfl_sync(0xffffffffu, item.chunk_end - item.chunk_begin, 0);
-  // q, k and v tiles land from TMA 128-byte swizzled (tma_load.cuh). k_tile
-  // is also [K; Q], the stage's 128 rows (its q_tile the rows from 64).
+  // q, k and v tiles land from TMA 128-byte swizzled (tma_load.cuh).
   auto stage_tile = [&](T* tiles, int stage) { return mma::Swizzled128Tile<T, kChunk>{tiles + stage * kChunk * kDim}; };
-  using QKTile = mma::Swizzled128Tile<T, 2 * kChunk>;
-  auto k_tile = [&](int64_t c) { return QKTile{sm_qk + int(c % kKStages) * 2 * kChunk * kDim}; };
-  auto q_tile = [&](int64_t c) { return QKTile{k_tile(c).base + kChunk * 64}; };
+  auto k_tile = [&](int64_t c) { return stage_tile(sm_k, int(c % kKStages)); };
+  auto q_tile = [&](int64_t c) { return stage_tile(sm_q, int(c % kKStages)); };
   auto chunk_rows = [&](int64_t c) { return int(min64(kChunk, int64_t(eos - bos) - c * kChunk)); };
 
   // The loads' completion: one barrier a k stage, one a q/v stage.
@@ -279,12 +275,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto load_qk = [&](int64_t c) {
       uint64_t* const bar = bar_k + c % kKStages;
       tma::arrive_expect_bytes(bar, 2 * kTile16);
-      const auto kt = k_tile(c), qt = q_tile(c);
-#pragma unroll
-      for (int b = 0; b < 2; ++b) {  // a 64-feature block a load (k's rows, then q's, in each block)
-        tma::load_token_tile(kt.at(0, 64 * b), &maps.k, bar, int(bos + c * kChunk), head_qk, brow, b);
-        tma::load_token_tile(qt.at(0, 64 * b), &maps.q, bar, int(bos + c * kChunk), head_qk, brow, b);
-      }
+      tma::load_token_tile(k_tile(c).base, &maps.k, bar, int(bos + c * kChunk), head_qk, brow);
+      tma::load_token_tile(q_tile(c).base, &maps.q, bar, int(bos + c * kChunk), head_qk, brow);
     };
     auto load_v = [&](int64_t c, int stage) {  // only where item.read_v
       uint64_t* const bar = bar_qv + stage;
@@ -295,7 +287,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 16-byte segments lane / 8 + 4 s of it, conflict-free): rows >= L zeroed
     // (past a packed sequence's end they hold the next sequence's tokens), the
     // others scaled to x · rsqrt(Σx² + 1e-6) where normalize.
-    auto prepare_rows = [&](auto tile, int L, bool normalize) {
+    auto prepare_rows = [&](mma::Swizzled128Tile<T, kChunk> tile, int L, bool normalize) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = (pwarp + 4 * half) * 8 + (lane & 7);
@@ -738,21 +730,18 @@ __global__ void __launch_bounds__(kThreads, 1)
     continue;
 #endif
     const int qk_stage = c % kKStages;
-    const auto ks = k_tile(c);  // [K; Q]
-    const auto vs = stage_tile(sm_v, stage);
+    const auto qs = stage_tile(sm_q, qk_stage), ks = stage_tile(sm_k, qk_stage), vs = stage_tile(sm_v, stage);
     const float* const exp_gam = sm_exp_gamma + qk_stage * kChunk;  // e^γ
     const float* const decay = sm_decay + qk_stage * kChunk;         // e^{γ_C − γ}
     const CoreTile<T, kChunk> tb = tb_tile(stage), pt = p_tile(stage);
 
-    // --- 1. [(K S)ᵀ | Oᵀ] = Sᵀ [K; Q]ᵀ (m64n128k128, A = Sᵀ in 16 bits, B =
-    // the stage's [K; Q] K-major); then Vᵀ's fragments (values 16 wr.. of the
-    // warpgroup's, tokens as K) through ldmatrix.trans.
-    float kq_acc[kChunk];  // n8 tiles ..7: (K S)ᵀ, 8..: Oᵀ
-    auto& ks_acc = *reinterpret_cast<float(*)[kChunk / 2]>(kq_acc);
-    auto& o_acc = *reinterpret_cast<float(*)[kChunk / 2]>(kq_acc + kChunk / 2);
+    // --- 1. Oᵀ = Sᵀ Qᵀ and (K S)ᵀ = Sᵀ Kᵀ (m64n64k128, A = Sᵀ in 16 bits, B =
+    // Q and K K-major); then Vᵀ's fragments (values 16 wr.. of the warpgroup's,
+    // tokens as K) through ldmatrix.trans.
+    float o_acc[kChunk / 2], ks_acc[kChunk / 2];
     uint32_t vf[kChunk / 16][4];
 #pragma unroll
-    for (int i = 0; i < kChunk; ++i) kq_acc[i] = 0.f;
+    for (int i = 0; i < kChunk / 2; ++i) o_acc[i] = ks_acc[i] = 0.f;
     // Batches of kKeyBlocks keys blocks each, a batch's fragments made once the
     // previous one finished (fewer registers of fragments at the peak; the
     // other warpgroup's wgmmas fill the gaps).
@@ -762,14 +751,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t sf[kKeyBlocks][4];
 #pragma unroll
       for (int kb = 0; kb < kKeyBlocks; ++kb) a_fragment(s_acc + 8 * (kKeyBlocks * half + kb), 1.f, 1.f, 1.f, 1.f, sf[kb]);
-      wgmma::fence(kq_acc);
+      wgmma::fence_operands(ks_acc);
+      wgmma::fence(o_acc);
 #pragma unroll
-      for (int kb = 0; kb < kKeyBlocks; ++kb)
-        wgmma::mma<T, 2 * kChunk>(sf[kb], wgmma::kmajor_desc(ks, 16 * (kKeyBlocks * half + kb)), kq_acc);
+      for (int kb = 0; kb < kKeyBlocks; ++kb) {
+        wgmma::mma<T, kChunk>(sf[kb], wgmma::kmajor_desc(ks, 16 * (kKeyBlocks * half + kb)), ks_acc);
+        wgmma::mma<T, kChunk>(sf[kb], wgmma::kmajor_desc(qs, 16 * (kKeyBlocks * half + kb)), o_acc);
+      }
       wgmma::commit();
       if (half == 0) FUSED_PHASE(1);
       wgmma::wait<0>();
-      wgmma::fence_operands(kq_acc);
+      wgmma::fence_operands(ks_acc);
+      wgmma::fence_operands(o_acc);
     }
 #pragma unroll
     for (int kb = 0; kb < kChunk / 16; ++kb) mma::load_a_trans(vf[kb], vs, v0 + 16 * wr, 16 * kb, lane);
@@ -934,12 +927,9 @@ cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
   if (blocks == 0) return cudaSuccess;
   TokenMaps maps;
   const int64_t rows = token_rows(args);
-  // q and k a 64-feature block a load (each block lands between the other's: the stage's [K; Q] tile).
-  err = encode_token_tile_map(&maps.q, args.q, args.token_dtype, rows, args.T, args.H, args.q_sb, args.q_st, args.q_sh,
-                              1);
+  err = encode_token_tile_map(&maps.q, args.q, args.token_dtype, rows, args.T, args.H, args.q_sb, args.q_st, args.q_sh);
   if (err == cudaSuccess)
-    err = encode_token_tile_map(&maps.k, args.k, args.token_dtype, rows, args.T, args.H, args.k_sb, args.k_st, args.k_sh,
-                                1);
+    err = encode_token_tile_map(&maps.k, args.k, args.token_dtype, rows, args.T, args.H, args.k_sb, args.k_st, args.k_sh);
   if (err == cudaSuccess)
     err = encode_token_tile_map(&maps.v, args.v, args.token_dtype, rows, args.T, args.HV, args.v_sb, args.v_st, args.v_sh);
   if (err != cudaSuccess) return err;
