@@ -8,12 +8,19 @@
 # (gpu_iterate.sh, gpu_check.sh) is what shows a version correct. Needs
 # third_party/ (CUTLASS) and versions/, carried. COMPARE_QUICK=1 leaves out
 # each side alone (half the builds and runs, for a short device call).
+# COMPARE_WGMMA_ISSUE=1 also runs this checkout's benchmarks/tools/wgmma_issue.cu
+# (what the kernel's wgmma batches cost their issuing warps, by shape), first.
 set -uo pipefail
 quick=${COMPARE_QUICK:-0}
+wgmma_issue=${COMPARE_WGMMA_ISSUE:-0}
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 out="${OUT:-/tmp/flashqla-compare}"
 mkdir -p "${out}"
 build_logs=$(mktemp -d)
+if [[ ${wgmma_issue} -eq 1 ]]; then
+  nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -Iinclude -Isrc -Ithird_party/cutlass/include \
+    benchmarks/tools/wgmma_issue.cu -o /tmp/wgmma_issue > "${build_logs}/wgmma_issue.log" 2>&1 &
+fi
 for dir in versions/*/; do
   name=$(basename "${dir}")
   flags=(-std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -I"${dir}include" -I"${dir}src"
@@ -33,6 +40,9 @@ for dir in versions/*/; do
     > "${build_logs}/${name}-state.log" 2>&1 &
 done
 wait
+if [[ ${wgmma_issue} -eq 1 ]]; then
+  { /tmp/wgmma_issue 2>&1 || tail -n 15 "${build_logs}/wgmma_issue.log"; } | tee "${out}/wgmma_issue.txt"
+fi
 for dir in versions/*/; do
   name=$(basename "${dir}")
   echo "=== ${name}: $(grep "^${name} " versions/index.txt | cut -d' ' -f2-)"

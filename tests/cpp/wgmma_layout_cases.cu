@@ -143,6 +143,7 @@ constexpr Case kCases[] = {
     {"A_kmajor_sw128__B_kmajor_sw128", kKMajorSw128, kKMajorSw128},
     {"A_mnmajor_sw128__B_mnmajor_sw128", kMNMajorSw128, kMNMajorSw128},
     {"A_registers__B_mnmajor_sw128", kRegisters, kMNMajorSw128},
+    {"A_registers__B_mnmajor", kRegisters, kMNMajor},
     {"A_kmajor_colblocks__B_kmajor_colblocks", kKMajorColumnBlocks, kKMajorColumnBlocks},
     {"A_kmajor__B_mnmajor_colblocks", kKMajor, kMNMajorColumnBlocks},
     {"A_registers__B_mnmajor_colblocks", kRegisters, kMNMajorColumnBlocks},
