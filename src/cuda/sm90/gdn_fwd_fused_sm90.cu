@@ -66,12 +66,16 @@ __device__ __forceinline__ void set_max_registers() {
   }
 }
 
-// Shared memory (bytes). Three stages of q, k and the gate vectors γ, e^γ,
+// Shared memory (bytes). Three stages of k and q and the gate vectors γ, e^γ,
 // e^{γ_C − γ} (the producer loads or forms chunk c + 1's while it works on c and
 // the state warpgroups on c − 1), two of v, P, Tβ and β (the chunk the producer
 // hands over and the one the state warpgroups run); one of everything else.
 // Every 16-bit tile is a core-matrix tile (ldmatrix reads it without bank
-// conflicts, wgmma through a descriptor).
+// conflicts, wgmma through a descriptor). A stage's k and q are one 128-byte
+// swizzled [128 rows][128] tile, k's tokens rows ..63 and q's rows 64..: each
+// 64-feature column block holds k's rows, then q's, so that [K; Q] is one
+// wgmma operand of 128 rows (the state warpgroups' step 1: Sᵀ [K; Q]ᵀ, one
+// m64n128k16 a key step instead of two m64n64k16).
 // T is the producer's own padded fp32 [64][68] tile: it builds T's two 32x32
 // diagonal blocks there in place from A's (the rest of the tile unused). O goes
 // out through
@@ -82,9 +86,8 @@ constexpr int kKStages = 3;
 constexpr int kTile16 = kChunk * kDim * 2;   // [64][128]
 constexpr int kTile64 = kChunk * kChunk * 2;  // [64][64]
 constexpr int kTileF = kChunk * kLdF * 4;    // fp32 [64][68]
-constexpr int kOffQ = 0;
-constexpr int kOffK = kOffQ + kKStages * kTile16;
-constexpr int kOffV = kOffK + kKStages * kTile16;
+constexpr int kOffQK = 0;
+constexpr int kOffV = kOffQK + kKStages * 2 * kTile16;
 constexpr int kLdO = kDim + 8;  // row stride of the output tile (conflict-free transposed writes)
 constexpr int kOffO = kOffV + 2 * kTile16;
 constexpr int kOffP = kOffO + 2 * kChunk * kLdO * 2;
@@ -196,13 +199,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     gdn_fwd_fused_kernel(const ForwardArgs a, const __grid_constant__ TokenMaps maps) {
   using M = mma::Mma<T>;
   extern __shared__ __align__(1024) unsigned char smem[];
-  T* const sm_q = reinterpret_cast<T*>(smem + kOffQ);
-  T* const sm_k = reinterpret_cast<T*>(smem + kOffK);
+  T* const sm_qk = reinterpret_cast<T*>(smem + kOffQK);
   T* const sm_v = reinterpret_cast<T*>(smem + kOffV);
   // [2][64 tokens][kLdO] by rows; [2][2 warpgroups][64 tokens][64] 128-byte swizzled by tensor stores
   T* const sm_o = reinterpret_cast<T*>(smem + kOffO);
-  // Two stages each, [64][64], wgmma B operands (K-major): P = Q Kᵀ ⊙ Γ and
-  // Tβ = T diag(β), handed over by the producer; Tβ's tile holds T's diagonal
+  // Two stages each, [64][64], wgmma B operands: Pᵀ = (Q Kᵀ ⊙ Γ)ᵀ (read
+  // MN-major) and Tβ = T diag(β) (K-major), handed over by the producer; Tβ's tile holds T's diagonal
   // blocks times β and, in place of T's block below them, L_10 = (K Kᵀ ⊙ Γ)'s
   // (step 2 of the state warpgroups).
   auto p_tile = [&](int stage) { return CoreTile<T, kChunk>{reinterpret_cast<T*>(smem + kOffP + stage * kTile64)}; };
@@ -232,10 +234,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int eos = int(item.seq.eos);
   const int bos = int(item.seq.bos + item.chunk_begin * kChunk);  // the item's first token
   const int64_t n_chunks = __shfl_sync(0xffffffffu, item.chunk_end - item.chunk_begin, 0);
-  // q, k and v tiles land from TMA 128-byte swizzled (tma_load.cuh).
+  // q, k and v tiles land from TMA 128-byte swizzled (tma_load.cuh). k_tile
+  // is also [K; Q], the stage's 128 rows (its q_tile the rows from 64).
   auto stage_tile = [&](T* tiles, int stage) { return mma::Swizzled128Tile<T, kChunk>{tiles + stage * kChunk * kDim}; };
-  auto k_tile = [&](int64_t c) { return stage_tile(sm_k, int(c % kKStages)); };
-  auto q_tile = [&](int64_t c) { return stage_tile(sm_q, int(c % kKStages)); };
+  using QKTile = mma::Swizzled128Tile<T, 2 * kChunk>;
+  auto k_tile = [&](int64_t c) { return QKTile{sm_qk + int(c % kKStages) * 2 * kChunk * kDim}; };
+  auto q_tile = [&](int64_t c) { return QKTile{k_tile(c).base + kChunk * 64}; };
   auto chunk_rows = [&](int64_t c) { return int(min64(kChunk, int64_t(eos - bos) - c * kChunk)); };
 
   // The loads' completion: one barrier a k stage, one a q/v stage.
@@ -275,8 +279,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto load_qk = [&](int64_t c) {
       uint64_t* const bar = bar_k + c % kKStages;
       tma::arrive_expect_bytes(bar, 2 * kTile16);
-      tma::load_token_tile(k_tile(c).base, &maps.k, bar, int(bos + c * kChunk), head_qk, brow);
-      tma::load_token_tile(q_tile(c).base, &maps.q, bar, int(bos + c * kChunk), head_qk, brow);
+      const auto kt = k_tile(c), qt = q_tile(c);
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {  // a 64-feature block a load (k's rows, then q's, in each block)
+        tma::load_token_tile(kt.at(0, 64 * b), &maps.k, bar, int(bos + c * kChunk), head_qk, brow, b);
+        tma::load_token_tile(qt.at(0, 64 * b), &maps.q, bar, int(bos + c * kChunk), head_qk, brow, b);
+      }
     };
     auto load_v = [&](int64_t c, int stage) {  // only where item.read_v
       uint64_t* const bar = bar_qv + stage;
@@ -287,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // 16-byte segments lane / 8 + 4 s of it, conflict-free): rows >= L zeroed
     // (past a packed sequence's end they hold the next sequence's tokens), the
     // others scaled to x · rsqrt(Σx² + 1e-6) where normalize.
-    auto prepare_rows = [&](mma::Swizzled128Tile<T, kChunk> tile, int L, bool normalize) {
+    auto prepare_rows = [&](auto tile, int L, bool normalize) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = (pwarp + 4 * half) * 8 + (lane & 7);
@@ -374,7 +382,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       load_gates(0, g_next, b_next);
       compute_gates(0);
     }
-    // P's and Tβ's two stages (adjacent) zeroed once: P's column tiles above
+    // P's and Tβ's two stages (adjacent) zeroed once: Pᵀ's column tiles left of
     // each warp's rows and the upper-right 16x16 quadrants of Tβ's 32x32
     // diagonal blocks stay zero (the epilogues and the inverse write the rest
     // that is read every chunk).
@@ -393,11 +401,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::prefetch_map(&maps.v);
       load_qk(0);
     }
-    // K Kᵀ of chunk cc (wgmma m64n64, both operands K-major) into acc, issued a
-    // chunk ahead: at the end of chunk cc − 1's work, so that it runs behind the
-    // hand-over and the wait for a free stage, and chunk cc's epilogue finds it
-    // done. Rows past the end are zeroed (and l2-normalized) first.
-    float acc[kChunk / 2], acc_p[kChunk / 2];
+    // K [K; Q]ᵀ of chunk cc (wgmma m64n128, A = K, B = the stage's [K; Q],
+    // both K-major) into acc: n8 tiles ..7 K Kᵀ, 8.. K Qᵀ = Pᵀ before its
+    // decay. Issued a chunk ahead: at the end of chunk cc − 1's work, so that it
+    // runs behind the hand-over and the wait for a free stage, and chunk cc's
+    // epilogue finds it done. Rows past the end are zeroed (and l2-normalized)
+    // first.
+    float acc[kChunk];
     auto issue_kkt = [&](int64_t cc) {
       const int Lc = chunk_rows(cc);
       tma::wait(bar_k + cc % kKStages, uint32_t(cc / kKStages) & 1u);  // Q(cc), K(cc)
@@ -408,19 +418,13 @@ __global__ void __launch_bounds__(kThreads, 1)
         named_sync(kBarProducer, kProducerThreads);
       }
 #pragma unroll
-      for (int i = 0; i < kChunk / 2; ++i) acc[i] = acc_p[i] = 0.f;
-      wgmma::fence_operands(acc_p);
+      for (int i = 0; i < kChunk; ++i) acc[i] = 0.f;
       wgmma::fence(acc);
-      const auto kt = k_tile(cc), qt = q_tile(cc);
+      const auto kt = k_tile(cc);  // A: its rows ..63 (K); B: all 128 ([K; Q])
 #pragma unroll
       for (int k = 0; k < kDim / 16; ++k)
-        wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(kt, 16 * k), wgmma::kmajor_desc(kt, 16 * k),
-                                                       acc);
-      // P's Q Kᵀ in the same batch.
-#pragma unroll
-      for (int k = 0; k < kDim / 16; ++k)
-        wgmma::mma_ss<T, kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(qt, 16 * k), wgmma::kmajor_desc(kt, 16 * k),
-                                                       acc_p);
+        wgmma::mma_ss<T, 2 * kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(kt, 16 * k),
+                                                           wgmma::kmajor_desc(kt, 16 * k), acc);
       wgmma::commit();
     };
     // Chunk 0's gates written (warp 2) before any warp reads them: no other
@@ -461,8 +465,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       FUSED_PHASE(9);
 
       // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32: K Kᵀ (issued a chunk ahead,
-      // issue_kkt) and its epilogue into T's tile; P = Q Kᵀ ⊙ Γ (issued with
-      // it), its epilogue into the stage's P tile.
+      // issue_kkt) and its epilogue into T's tile; Pᵀ = (Q Kᵀ ⊙ Γ)ᵀ (issued
+      // with it, K Qᵀ), its epilogue into the stage's P tile.
       float* const tt = sm_t;
       {
         // The gates of this thread's rows and columns, read while the wgmmas finish.
@@ -474,15 +478,18 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float b_row[2] = {bet[16 * pwarp + g], bet[16 * pwarp + g + 8]};
         wgmma::wait<0>();
         wgmma::fence_operands(acc);
-        wgmma::fence_operands(acc_p);
         FUSED_PHASE(16);
         // The epilogues, one pass over the warp's 16 token rows i (the warp index
         // a compile-time constant: each warp's code knows which of its column
-        // tiles hold what). Every entry below takes the same factor e^{γ_i − γ_j}
-        // (one exponential an entry, shared):
-        // - P = Q Kᵀ ⊙ Γ, 0 above the diagonal, into the stage's P tile; column
-        //   tiles wholly above the warp's rows (8 j > 16 w + 15) are zeros,
-        //   written once for the item (below), not a chunk;
+        // tiles hold what). One exponential a position (i, j), shared by the
+        // entries there: e^{γ_i − γ_j} below the diagonal (A's and L_10's),
+        // e^{γ_j − γ_i} on and above it (Pᵀ's, and the L_10 quarters warps 0 and
+        // 1 take from above the diagonal, below); 32 a thread on every warp:
+        // - Pᵀ = (Q Kᵀ ⊙ Γ)ᵀ, 0 below the diagonal ((K Qᵀ)[i][j] = (Q Kᵀ)[j][i],
+        //   taken for j >= i), into the stage's P tile as it is (the state
+        //   warpgroups read it as an MN-major operand); column tiles wholly left
+        //   of the warp's rows (8 j + 7 < 16 w) are zeros, written once for the
+        //   item (below), not a chunk;
         // - A = β (K Kᵀ ⊙ Γ), 0 on and above the diagonal: the warp's 16 rows of
         //   its 32x32 diagonal block, transposed into T's tile (inverted there in
         //   place; the substitution reads them so, conflict-free);
@@ -492,9 +499,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         //   is never formed: step 2 of the state warpgroups). K Kᵀ is symmetric,
         //   so warps 0 and 1 take their quarters from their own rows' columns
         //   32..63 (warp 0: L_10[16..31][0..15], warp 1: L_10[0..15][16..31];
-        //   the factor there e^{γ_j − γ_i}, an exponential of its own); warps 2
-        //   and 3 theirs directly (warp 2: L_10[0..15][0..15], warp 3:
-        //   L_10[16..31][16..31]).
+        //   the factor there e^{γ_j − γ_i}, Pᵀ's); warps 2 and 3 theirs
+        //   directly (warp 2: L_10[0..15][0..15], warp 3: L_10[16..31][16..31]).
         // The rest of the accumulators is never read.
         const CoreTile<T, kChunk> pt = p_tile(stage);
         const CoreTile<T, kChunk> tb = tb_tile(stage);
@@ -504,19 +510,28 @@ __global__ void __launch_bounds__(kThreads, 1)
           constexpr int kQuarter = kWarp < 2 ? 6 - 2 * kWarp : 2 * (kWarp - 2);  // the quarter's
           constexpr bool kSymmetric = kWarp < 2;
           constexpr int kBelow = 2 * kWarp + 2;  // column tiles >= this are above every row of the warp
+          constexpr int kFirstP = 2 * kWarp;     // column tiles < this are left of every row of the warp
+          const float* const acc_p = acc + kChunk / 2;  // Pᵀ's n8 tiles
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
             const int i = 16 * kWarp + g + 8 * half;
 #pragma unroll
             for (int j = 0; j < kChunk / 8; ++j) {
               const int col = 8 * j + 2 * t4;
-              // P's zeros there were written once for the item; A's (in the
-              // diagonal block's lower-left quadrant, transposed) are never read.
+              const float e0 = masked_exp2(true, col < i ? g_row[half] - g_col[j].x : g_col[j].x - g_row[half]);
+              const float e1 = masked_exp2(true, col + 1 < i ? g_row[half] - g_col[j].y : g_col[j].y - g_row[half]);
+              if (j >= kFirstP)
+                *reinterpret_cast<uint32_t*>(pt.at(i, col)) =
+                    M::pack(col >= i ? acc_p[4 * j + 2 * half] * e0 : 0.f,
+                            col + 1 >= i ? acc_p[4 * j + 2 * half + 1] * e1 : 0.f);
+              if (kSymmetric && j >= kQuarter && j < kQuarter + 2) {
+                // (K Kᵀ)[i][col] is L's entry at row col (>= 32 > i), column i.
+                *tb.at(col, i) = T(acc[4 * j + 2 * half] * e0);
+                *tb.at(col + 1, i) = T(acc[4 * j + 2 * half + 1] * e1);
+              }
+              // A's entries above the warp's rows are never read (in the
+              // diagonal block's lower-left quadrant, transposed, unused).
               if (j >= kBelow) continue;
-              const float e0 = masked_exp2(col <= i, g_row[half] - g_col[j].x);
-              const float e1 = masked_exp2(col + 1 <= i, g_row[half] - g_col[j].y);
-              *reinterpret_cast<uint32_t*>(pt.at(i, col)) =
-                  M::pack(acc_p[4 * j + 2 * half] * e0, acc_p[4 * j + 2 * half + 1] * e1);
               if (j >= kDiag && j < kDiag + 4) {
                 tt[col * kLdF + i] = col < i ? acc[4 * j + 2 * half] * b_row[half] * e0 : 0.f;
                 tt[(col + 1) * kLdF + i] = col + 1 < i ? acc[4 * j + 2 * half + 1] * b_row[half] * e1 : 0.f;
@@ -524,15 +539,6 @@ __global__ void __launch_bounds__(kThreads, 1)
               if (!kSymmetric && j >= kQuarter && j < kQuarter + 2)
                 *reinterpret_cast<uint32_t*>(tb.at(i, col)) =
                     M::pack(acc[4 * j + 2 * half] * e0, acc[4 * j + 2 * half + 1] * e1);
-            }
-            if constexpr (kSymmetric) {
-#pragma unroll
-              for (int j = kQuarter; j < kQuarter + 2; ++j) {
-                // (K Kᵀ)[i][col] is L's entry at row col (>= 32 > i), column i.
-                const int col = 8 * j + 2 * t4;
-                *tb.at(col, i) = T(acc[4 * j + 2 * half] * masked_exp2(true, g_col[j].x - g_row[half]));
-                *tb.at(col + 1, i) = T(acc[4 * j + 2 * half + 1] * masked_exp2(true, g_col[j].y - g_row[half]));
-              }
             }
           }
         };
@@ -730,18 +736,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     continue;
 #endif
     const int qk_stage = c % kKStages;
-    const auto qs = stage_tile(sm_q, qk_stage), ks = stage_tile(sm_k, qk_stage), vs = stage_tile(sm_v, stage);
+    const auto ks = k_tile(c);  // [K; Q]
+    const auto vs = stage_tile(sm_v, stage);
     const float* const exp_gam = sm_exp_gamma + qk_stage * kChunk;  // e^γ
     const float* const decay = sm_decay + qk_stage * kChunk;         // e^{γ_C − γ}
     const CoreTile<T, kChunk> tb = tb_tile(stage), pt = p_tile(stage);
 
-    // --- 1. Oᵀ = Sᵀ Qᵀ and (K S)ᵀ = Sᵀ Kᵀ (m64n64k128, A = Sᵀ in 16 bits, B =
-    // Q and K K-major); then Vᵀ's fragments (values 16 wr.. of the warpgroup's,
-    // tokens as K) through ldmatrix.trans.
-    float o_acc[kChunk / 2], ks_acc[kChunk / 2];
+    // --- 1. [(K S)ᵀ | Oᵀ] = Sᵀ [K; Q]ᵀ (m64n128k128, A = Sᵀ in 16 bits, B =
+    // the stage's [K; Q] K-major); then Vᵀ's fragments (values 16 wr.. of the
+    // warpgroup's, tokens as K) through ldmatrix.trans.
+    float kq_acc[kChunk];  // n8 tiles ..7: (K S)ᵀ, 8..: Oᵀ
+    auto& ks_acc = *reinterpret_cast<float(*)[kChunk / 2]>(kq_acc);
+    auto& o_acc = *reinterpret_cast<float(*)[kChunk / 2]>(kq_acc + kChunk / 2);
     uint32_t vf[kChunk / 16][4];
 #pragma unroll
-    for (int i = 0; i < kChunk / 2; ++i) o_acc[i] = ks_acc[i] = 0.f;
+    for (int i = 0; i < kChunk; ++i) kq_acc[i] = 0.f;
     // Batches of kKeyBlocks keys blocks each, a batch's fragments made once the
     // previous one finished (fewer registers of fragments at the peak; the
     // other warpgroup's wgmmas fill the gaps).
@@ -751,18 +760,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t sf[kKeyBlocks][4];
 #pragma unroll
       for (int kb = 0; kb < kKeyBlocks; ++kb) a_fragment(s_acc + 8 * (kKeyBlocks * half + kb), 1.f, 1.f, 1.f, 1.f, sf[kb]);
-      wgmma::fence_operands(ks_acc);
-      wgmma::fence(o_acc);
+      wgmma::fence(kq_acc);
 #pragma unroll
-      for (int kb = 0; kb < kKeyBlocks; ++kb) {
-        wgmma::mma<T, kChunk>(sf[kb], wgmma::kmajor_desc(ks, 16 * (kKeyBlocks * half + kb)), ks_acc);
-        wgmma::mma<T, kChunk>(sf[kb], wgmma::kmajor_desc(qs, 16 * (kKeyBlocks * half + kb)), o_acc);
-      }
+      for (int kb = 0; kb < kKeyBlocks; ++kb)
+        wgmma::mma<T, 2 * kChunk>(sf[kb], wgmma::kmajor_desc(ks, 16 * (kKeyBlocks * half + kb)), kq_acc);
       wgmma::commit();
       if (half == 0) FUSED_PHASE(1);
       wgmma::wait<0>();
-      wgmma::fence_operands(ks_acc);
-      wgmma::fence_operands(o_acc);
+      wgmma::fence_operands(kq_acc);
     }
 #pragma unroll
     for (int kb = 0; kb < kChunk / 16; ++kb) mma::load_a_trans(vf[kb], vs, v0 + 16 * wr, 16 * kb, lane);
@@ -832,7 +837,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("" ::: "memory");  // the next step's shared-memory loads stay in it
 
     // --- 3. Sᵀ = e^{γ_C} Sᵀ + (V_newᵀ diag(e^{γ_C − γ})) K (B = K MN-major),
-    // then Oᵀ += V_newᵀ Pᵀ (B = P K-major, the producer's).
+    // then Oᵀ += V_newᵀ Pᵀ (B = Pᵀ MN-major, the producer's).
     {
       uint32_t nf[kChunk / 16][4], nd[kChunk / 16][4];
 #pragma unroll
@@ -853,7 +858,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int kb = 0; kb < kChunk / 16; ++kb) a_fragment(nv_acc + 8 * kb, 1.f, 1.f, 1.f, 1.f, nf[kb]);
       wgmma::fence(o_acc);
 #pragma unroll
-      for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma<T, kChunk>(nf[kb], wgmma::kmajor_desc(pt, 16 * kb), o_acc);
+      for (int kb = 0; kb < kChunk / 16; ++kb) wgmma::mma_b_mn<T, kChunk>(nf[kb], wgmma::mnmajor_desc(pt, 16 * kb), o_acc);
       wgmma::commit();
       if (c > 0 && *sm_output_mode == kOutputRows) store_output_rows(c - 1, kChunk, false);  // chunk c − 1 was whole
       wgmma::wait<0>();
@@ -927,9 +932,12 @@ cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
   if (blocks == 0) return cudaSuccess;
   TokenMaps maps;
   const int64_t rows = token_rows(args);
-  err = encode_token_tile_map(&maps.q, args.q, args.token_dtype, rows, args.T, args.H, args.q_sb, args.q_st, args.q_sh);
+  // q and k a 64-feature block a load (each block lands between the other's: the stage's [K; Q] tile).
+  err = encode_token_tile_map(&maps.q, args.q, args.token_dtype, rows, args.T, args.H, args.q_sb, args.q_st, args.q_sh,
+                              1);
   if (err == cudaSuccess)
-    err = encode_token_tile_map(&maps.k, args.k, args.token_dtype, rows, args.T, args.H, args.k_sb, args.k_st, args.k_sh);
+    err = encode_token_tile_map(&maps.k, args.k, args.token_dtype, rows, args.T, args.H, args.k_sb, args.k_st, args.k_sh,
+                                1);
   if (err == cudaSuccess)
     err = encode_token_tile_map(&maps.v, args.v, args.token_dtype, rows, args.T, args.HV, args.v_sb, args.v_st, args.v_sh);
   if (err != cudaSuccess) return err;

@@ -8,7 +8,9 @@
 // five-dimensional map that produces this order in one instruction:
 //   dim 0: 64 features (contiguous), dim 1: tokens (token stride),
 //   dim 2: 2 feature blocks (128 bytes), dim 3: heads, dim 4: batch rows,
-// box (64, 64, 2, 1, 1), swizzle 128B. The TMA unit moves whole 128-byte
+// box (64, 64, 2, 1, 1), swizzle 128B (v); q and k take box (64, 64, 1, 1, 1),
+// a load a feature block, so that each block lands where the kernel puts it
+// (the fused kernel interleaves k's and q's blocks). The TMA unit moves whole 128-byte
 // lines (a box of 16-byte rows, the core-matrix order, costs it 8 times the
 // requests: docs/perf.md, v3.16). Tokens past the row's end (dim 1's extent) land as
 // zeros; for packed variable-length batches the rows past a sequence's end
@@ -60,13 +62,16 @@ __device__ __forceinline__ void prefetch_map(const CUtensorMap* map) {
 }
 
 // Loads the token tile of (batch row, head) starting at `token` into `dst`
-// (16 KB, 1024-byte aligned) and signals `bar` with its bytes.
+// (1024-byte aligned) and signals `bar` with its bytes: the whole tile (16 KB)
+// through a map of two-block boxes, or its 64-feature block `block` (8 KB)
+// through a map of one-block boxes (encode_token_tile_map).
 __device__ __forceinline__ void load_token_tile(void* dst, const CUtensorMap* map, uint64_t* bar, int token, int head,
-                                                int row) {
+                                                int row, int block = 0) {
   asm volatile(
       "cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%3, %4, %5, %6, %7}], [%2];\n" ::"r"(mma::smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(mma::smem_addr(bar)), "r"(0), "r"(token), "r"(0), "r"(head), "r"(row)
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(mma::smem_addr(bar)), "r"(0), "r"(token), "r"(block), "r"(head),
+      "r"(row)
       : "memory");
 }
 

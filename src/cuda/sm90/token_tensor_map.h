@@ -42,18 +42,20 @@ inline cuuint64_t token_map_extent(int64_t n) { return static_cast<cuuint64_t>(n
 
 // The map of a [rows][tokens][heads][128] 16-bit tensor with element strides
 // (row, token, head) and a contiguous last dimension, for tiles of 64 tokens
-// and 128 features (q, k and v's loads). Returns cudaErrorInvalidValue where
+// and 128 features (q, k and v's loads): a box of both 64-feature blocks
+// (feature_blocks = 2, one load a tile) or of one (1, a load a block, each
+// block landed where the kernel wants it). Returns cudaErrorInvalidValue where
 // the driver refuses it (or is too old).
 inline cudaError_t encode_token_tile_map(CUtensorMap* map, const void* base, flashqla_dtype_t dtype, int64_t rows,
                                          int64_t tokens, int64_t heads, int64_t row_stride, int64_t token_stride,
-                                         int64_t head_stride) {
+                                         int64_t head_stride, int feature_blocks = 2) {
   const EncodeTiledFn encode = encode_tiled_entry();
   if (encode == nullptr) return cudaErrorInvalidValue;
   const CUtensorMapDataType type = token_map_type(dtype);
   const cuuint64_t dims[5] = {64, token_map_extent(tokens), 2, token_map_extent(heads), token_map_extent(rows)};
   const cuuint64_t strides[4] = {token_map_stride_bytes(tokens, token_stride), 128,
                                  token_map_stride_bytes(heads, head_stride), token_map_stride_bytes(rows, row_stride)};
-  const cuuint32_t box[5] = {64, 64, 2, 1, 1};
+  const cuuint32_t box[5] = {64, 64, static_cast<cuuint32_t>(feature_blocks), 1, 1};
   const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
   const CUresult r = encode(map, type, 5, const_cast<void*>(base), dims, strides, box, element_strides,
                             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
