@@ -236,7 +236,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t n_chunks = __shfl_sync(0xffffffffu, item.chunk_end - item.chunk_begin, 0);
   // q, k and v tiles land from TMA 128-byte swizzled (tma_load.cuh). k_tile
   // is also [K; Q], the stage's 128 rows (its q_tile the rows from 64).
-  auto stage_tile = [&](T* tiles, int stage) { return mma::Swizzled128Tile<T, kChunk>{tiles + stage * kChunk * kDim}; };
+  auto v_tile = [&](int stage) { return mma::Swizzled128Tile<T, kChunk>{sm_v + stage * kChunk * kDim}; };
   using QKTile = mma::Swizzled128Tile<T, 2 * kChunk>;
   auto k_tile = [&](int64_t c) { return QKTile{sm_qk + int(c % kKStages) * 2 * kChunk * kDim}; };
   auto q_tile = [&](int64_t c) { return QKTile{k_tile(c).base + kChunk * 64}; };
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     auto load_v = [&](int64_t c, int stage) {  // only where item.read_v
       uint64_t* const bar = bar_qv + stage;
       tma::arrive_expect_bytes(bar, kTile16);
-      tma::load_token_tile(stage_tile(sm_v, stage).base, &maps.v, bar, int(bos + c * kChunk), head_v, brow);
+      tma::load_token_tile(v_tile(stage).base, &maps.v, bar, int(bos + c * kChunk), head_v, brow);
     };
     // Rows of a landed tile (warp: row blocks w and w + 4; lane: row lane % 8,
     // 16-byte segments lane / 8 + 4 s of it, conflict-free): rows >= L zeroed
@@ -454,7 +454,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         if (c + 1 < n_chunks && c + 1 < kLoadedChunks) load_qk(c + 1);
       }
       const int L = chunk_rows(c);
-      const auto vs = stage_tile(sm_v, stage);
+      const auto vs = v_tile(stage);
       float* const gam = sm_gamma + int(c % kKStages) * kChunk;
       float* const bet = sm_beta + stage * kChunk;
       FUSED_PHASE(3);
@@ -737,7 +737,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
     const int qk_stage = c % kKStages;
     const auto ks = k_tile(c);  // [K; Q]
-    const auto vs = stage_tile(sm_v, stage);
+    const auto vs = v_tile(stage);
     const float* const exp_gam = sm_exp_gamma + qk_stage * kChunk;  // e^γ
     const float* const decay = sm_decay + qk_stage * kChunk;         // e^{γ_C − γ}
     const CoreTile<T, kChunk> tb = tb_tile(stage), pt = p_tile(stage);
@@ -934,10 +934,10 @@ cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
   const int64_t rows = token_rows(args);
   // q and k a 64-feature block a load (each block lands between the other's: the stage's [K; Q] tile).
   err = encode_token_tile_map(&maps.q, args.q, args.token_dtype, rows, args.T, args.H, args.q_sb, args.q_st, args.q_sh,
-                              1);
+                              /*feature_blocks=*/1);
   if (err == cudaSuccess)
     err = encode_token_tile_map(&maps.k, args.k, args.token_dtype, rows, args.T, args.H, args.k_sb, args.k_st, args.k_sh,
-                                1);
+                                /*feature_blocks=*/1);
   if (err == cudaSuccess)
     err = encode_token_tile_map(&maps.v, args.v, args.token_dtype, rows, args.T, args.HV, args.v_sb, args.v_st, args.v_sh);
   if (err != cudaSuccess) return err;
