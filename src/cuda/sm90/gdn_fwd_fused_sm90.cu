@@ -41,6 +41,8 @@ constexpr int kLdF = kChunk + 4;  // row stride of fp32 [64][64] tiles
 // ready (producer -> state, per stage), stage free (state -> producer, per
 // stage) and, per state warpgroup, its output tile written.
 constexpr int kBarState = 1, kBarProducer = 2, kBarChunkReady = 3, kBarStageFree = 5, kBarOutput = 7;
+// The producer's warp pairs (0, 1) and (2, 3), each owning one 32x32 diagonal block of T.
+constexpr int kBarProducerPair = 9;
 
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -270,21 +272,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
     constexpr int64_t kLoadedChunks = INT64_MAX;
 #endif
-    // One thread issues the loads (TMA: the whole tile in one instruction,
-    // nothing in the load unit's queues), every producer thread waits for them
-    // on the stage's barrier. Chunk c's q and k stage is c % 3 (its (c / 3)-th
-    // use), its v stage c % 2 (its (c / 2)-th use).
+    // The first lanes of warps 0, 1 and 2 issue a chunk's loads (k, q and v:
+    // TMA, a few boxes each; chunk 0's q and k the loader thread, warp 0's),
+    // every producer thread waits for them on the stage's barrier. Chunk c's q
+    // and k stage is c % 3 (its (c / 3)-th use), its v stage c % 2 (its
+    // (c / 2)-th use).
     const bool loader = tid == kStateThreads;
     const int head_qk = int(h), head_v = int(hv), brow = int(row);
-    auto load_qk = [&](int64_t c) {
+    // Chunk c's k (its two 64-feature boxes, with the barrier's byte count for
+    // both tensors) or q (its two boxes) into the stage's [K; Q] tile: each
+    // 64-feature column block holds k's rows, then q's.
+    auto load_qk_part = [&](int64_t c, bool k_part) {
       uint64_t* const bar = bar_k + c % kKStages;
-      tma::arrive_expect_bytes(bar, 2 * kTile16);
-      const auto kt = k_tile(c), qt = q_tile(c);
+      if (k_part) tma::arrive_expect_bytes(bar, 2 * kTile16);
+      const auto t = k_part ? k_tile(c) : q_tile(c);
 #pragma unroll
-      for (int b = 0; b < 2; ++b) {  // a 64-feature block a load (k's rows, then q's, in each block)
-        tma::load_token_tile(kt.at(0, 64 * b), &maps.k, bar, int(bos + c * kChunk), head_qk, brow, b);
-        tma::load_token_tile(qt.at(0, 64 * b), &maps.q, bar, int(bos + c * kChunk), head_qk, brow, b);
-      }
+      for (int b = 0; b < 2; ++b)
+        tma::load_token_tile(t.at(0, 64 * b), k_part ? &maps.k : &maps.q, bar, int(bos + c * kChunk), head_qk, brow, b);
     };
     auto load_v = [&](int64_t c, int stage) {  // only where item.read_v
       uint64_t* const bar = bar_qv + stage;
@@ -399,7 +403,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       tma::prefetch_map(&maps.q);
       tma::prefetch_map(&maps.k);
       tma::prefetch_map(&maps.v);
-      load_qk(0);
+      load_qk_part(0, true);
+      load_qk_part(0, false);
     }
     // K [K; Q]ᵀ of chunk cc (wgmma m64n128, A = K, B = the stage's [K; Q],
     // both K-major) into acc: n8 tiles ..7 K Kᵀ, 8.. K Qᵀ = Pᵀ before its
@@ -449,10 +454,16 @@ __global__ void __launch_bounds__(kThreads, 1)
       // partial chunk, zeroed v) were fenced by their writers when made, and its
       // generic reads ended before the stage barrier above (a read before an
       // async-proxy write needs no fence, as in CUTLASS's TMA pipelines).
-      if (loader) {
-        if (item.read_v) load_v(c, stage);
-        if (c + 1 < n_chunks && c + 1 < kLoadedChunks) load_qk(c + 1);
+      // The loads spread over three warps' first lanes (k, q, v), so that no
+      // one warp's epilogue starts behind all five TMA issues; the q/k barrier's
+      // byte count is set by k's issuer before its own copies (a copy of q's
+      // completing first only takes the count below zero while k's arrival is
+      // still pending, so the phase cannot complete early).
+      if (lane == 0 && c + 1 < n_chunks && c + 1 < kLoadedChunks) {
+        if (pwarp == 0) load_qk_part(c + 1, true);
+        else if (pwarp == 1) load_qk_part(c + 1, false);
       }
+      if (lane == 0 && pwarp == 2 && item.read_v) load_v(c, stage);
       const int L = chunk_rows(c);
       const auto vs = v_tile(stage);
       float* const gam = sm_gamma + int(c % kKStages) * kChunk;
@@ -549,12 +560,15 @@ __global__ void __launch_bounds__(kThreads, 1)
         else epilogue(integral_constant<int, 3>{});
         FUSED_PHASE(17);
       }
-      named_sync(kBarProducer, kProducerThreads);
+      // No producer barrier here: each warp's 16x16 diagonal block of A (its
+      // rows, their columns) was written by its own epilogue, and nothing of the
+      // other warps' is read before the barrier after the substitution.
+      __syncwarp();
       FUSED_PHASE(10);
 
       // T = (I + A)⁻¹'s two 32x32 diagonal blocks in two levels. First the four
       // 16x16 diagonal blocks by forward substitution (warp = block, lanes
-      // 0..15 = columns; lanes 16..31 compute the same and do not write) in
+      // 0..15 = columns; lanes 16..31 compute the same, each half stores half) in
       // fp32, column by column of A: once x_m is final it updates every later
       // row at once, so the dependent chain is 15 FMAs deep, and A's column m
       // (stored transposed by the epilogue above: row m of the block) comes in
@@ -583,29 +597,44 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         __syncwarp();  // every lane has read the block
         // T's block in fp32 (the levels below read it) and Tβ's in 16 bits (β of
-        // this lane's column), the latter the state's operand directly.
-        if (lane < 16) {
+        // this lane's column), the latter the state's operand directly. Both
+        // half-warps hold the whole column and store half of it each: lanes
+        // ..15 rows 0..3 and 8..11, lanes 16.. rows 4..7 and 12..15 (four rows
+        // apart, 4 · kLdF floats: the fp32 stores of one instruction fall in
+        // distinct banks).
+        {
           const float b_col = bet[b0 + col];
           const CoreTile<T, kChunk> tb = tb_tile(stage);
+          const bool upper = lane >= 16;
 #pragma unroll
-          for (int r = 0; r < 16; ++r) {
-            tt[(b0 + r) * kLdF + b0 + col] = x[r];
-            *tb.at(b0 + r, b0 + col) = T(x[r] * b_col);
+          for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+              const int r0 = 8 * h + e;  // lanes ..15 store row r0, lanes 16.. row r0 + 4
+              const int r = r0 + (upper ? 4 : 0);
+              const float xr = upper ? x[r0 + 4] : x[r0];
+              tt[(b0 + r) * kLdF + b0 + col] = xr;
+              *tb.at(b0 + r, b0 + col) = T(xr * b_col);
+            }
           }
         }
       }
       FUSED_PHASE(7);
-      named_sync(kBarProducer, kProducerThreads);
+      // Each 32x32 diagonal block's second level needs its two 16x16 blocks and
+      // A_10, all of its warp pair's: a barrier a pair.
+      named_sync(kBarProducerPair + pwarp / 2, 64);
       FUSED_PHASE(18);
-      // Then, inside each 32x32 diagonal block (warp w < 2: the block at 32 w),
+      // Then, inside each 32x32 diagonal block (warp 0 the block at 0, warp 3 the
+      // block at 32, each after its pair's barrier),
       // its block below the diagonal, T_10 = −T_11 A_10 T_00 (16x16, tf32):
       // A_10 read where the epilogue left it (transposed, in the block's unused
       // upper-right quadrant), M = T_11 A_10 in registers, the accumulator taken
       // as the next product's A operand, and T_10 only in 16 bits, as Tβ's block
-      // (the fp32 tile never holds it). Warp 2 meanwhile forms the next chunk's gates.
+      // (the fp32 tile never holds it). Warp 2 meanwhile forms the next chunk's gates
+      // (into the stages chunk c + 1 reads, after the producer's stage barrier).
       if (pwarp == 2 && c + 1 < n_chunks) compute_gates(c + 1);
-      if (pwarp < 2) {
-        const int b0 = 32 * pwarp;
+      if (pwarp == 0 || pwarp == 3) {
+        const int b0 = 32 * (pwarp / 2);
         float m16[2][4] = {};
         mma::mma_tf32_16x16x16_bt(m16, tt + (b0 + 16) * kLdF + b0 + 16, kLdF, tt + b0 * kLdF + b0 + 16, kLdF, lane);
         float t16[2][4] = {};  // M T_00 = −T_10
