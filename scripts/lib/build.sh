@@ -1,8 +1,11 @@
-# Shared setup, configure and build steps for scripts/run_tests.sh and
-# scripts/run_demo.sh. Source it; do not run it.
+# Shared setup, configure and build steps for scripts/run_tests.sh (everything)
+# and scripts/run_demo.sh (a CPU-only tree with the one example). Source it; do
+# not run it.
 #
 # Environment knobs:
-#   FLASHQLA_BUILD_DIR     build folder (default: <repo>/build)
+#   FLASHQLA_BUILD_DIR     build folder of run_tests.sh (default: <repo>/build)
+#   FLASHQLA_DEMO_BUILD_DIR  build folder of run_demo.sh (default: <repo>/build-demo;
+#                          CPU only, no tests, only the example it runs)
 #   FLASHQLA_BUILD_TYPE    CMAKE_BUILD_TYPE (default: Release)
 #   FLASHQLA_ENABLE_CUDA   ON / OFF to force the CUDA backend on or off
 #                          (default: ON exactly when nvcc is found)
@@ -11,6 +14,7 @@
 
 FLASHQLA_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 FLASHQLA_BUILD_DIR="${FLASHQLA_BUILD_DIR:-${FLASHQLA_REPO_ROOT}/build}"
+FLASHQLA_DEMO_BUILD_DIR="${FLASHQLA_DEMO_BUILD_DIR:-${FLASHQLA_REPO_ROOT}/build-demo}"
 FLASHQLA_BUILD_TYPE="${FLASHQLA_BUILD_TYPE:-Release}"
 FLASHQLA_JOBS="${FLASHQLA_JOBS:-$(nproc 2>/dev/null || echo 2)}"
 
@@ -31,15 +35,20 @@ fq_pkg_missing() {
   return 0
 }
 
-# Installs cmake, g++, GoogleTest and GoogleMock with apt-get, only those missing.
+# Installs cmake, make, g++, GoogleTest and GoogleMock with apt-get, only those
+# missing. --no-gtest: cmake, make and g++ only (a build without the tests).
 fq_install_prerequisites() {
-  local missing=()
+  local wanted=(cmake make g++) missing=()
   fq_pkg_missing cmake cmake && missing+=(cmake)
+  fq_pkg_missing make make && missing+=(make)
   fq_pkg_missing g++ g++ && missing+=(g++)
-  fq_pkg_missing libgtest-dev && missing+=(libgtest-dev)
-  fq_pkg_missing libgmock-dev && missing+=(libgmock-dev)
+  if [[ "${1:-}" != "--no-gtest" ]]; then
+    wanted+=(libgtest-dev libgmock-dev)
+    fq_pkg_missing libgtest-dev && missing+=(libgtest-dev)
+    fq_pkg_missing libgmock-dev && missing+=(libgmock-dev)
+  fi
   if [[ ${#missing[@]} -eq 0 ]]; then
-    fq_log "prerequisites present (cmake, g++, libgtest-dev, libgmock-dev)"
+    fq_log "prerequisites present (${wanted[*]})"
     return 0
   fi
   if [[ "${FLASHQLA_SKIP_APT:-0}" == "1" ]]; then
@@ -100,6 +109,22 @@ fq_configure() {
 fq_build() {
   fq_log "building with ${FLASHQLA_JOBS} jobs"
   cmake --build "${FLASHQLA_BUILD_DIR}" -j "${FLASHQLA_JOBS}"
+}
+
+# The demo's tree: the core and the CPU backend (the demo runs on the CPU
+# backend, so no CUDA check, CUTLASS or sm_90a kernels), no test suite (no
+# GoogleTest), and of the examples only gdn_forward_cpu, the one it runs.
+fq_setup_and_build_demo() {
+  cd "${FLASHQLA_REPO_ROOT}"
+  fq_install_prerequisites --no-gtest
+  fq_log "configuring ${FLASHQLA_DEMO_BUILD_DIR} (CPU backend only, no tests)"
+  cmake -S "${FLASHQLA_REPO_ROOT}" -B "${FLASHQLA_DEMO_BUILD_DIR}" \
+        "-DCMAKE_BUILD_TYPE=${FLASHQLA_BUILD_TYPE}" \
+        -DFLASHQLA_ENABLE_CUDA=OFF \
+        -DFLASHQLA_BUILD_TESTS=OFF \
+        -DFLASHQLA_BUILD_EXAMPLES=ON
+  fq_log "building gdn_forward_cpu with ${FLASHQLA_JOBS} jobs"
+  cmake --build "${FLASHQLA_DEMO_BUILD_DIR}" --target gdn_forward_cpu -j "${FLASHQLA_JOBS}"
 }
 
 # Everything up to a built tree.

@@ -161,7 +161,8 @@ void resolve_backend(const flashqla_gdn_fwd_params_t& p, const flashqla_gdn_bwd_
   if (backend == FLASHQLA_BACKEND_CUDA) {
     fail(FLASHQLA_STATUS_NOT_SUPPORTED,
          str(entry, ": backend: this build of flashqla has no CUDA backend "
-                    "(configured with FLASHQLA_ENABLE_CUDA=OFF)"));
+                    "(configured with FLASHQLA_ENABLE_CUDA=OFF, or AUTO where no CUDA "
+                    "compiler was found)"));
   }
 #endif
   for (const auto& [name, kind] : kinds) {
