@@ -14,6 +14,11 @@ FLA's own kernels.
 Model of the work (per 64-token chunk and value head, K = V = 128): about 9.4 MFLOP
 of GEMMs; bytes are q, k (H heads), v, o (HV heads), g, beta and the states.
 
+With --fused-gate both take the gate the way FLA's GatedDeltaNet layer passes it: a
+raw bf16 gate with A_log and dt_bias (use_gate_in_kernel=True, g := -exp(A_log) *
+softplus(g + dt_bias)) and bf16 beta logits (use_beta_sigmoid_in_kernel=True); FLA
+fuses the gate into its kernels, flashqla computes it in fp32 before its kernel.
+
 Writes a CSV (direction,model,seqlens,h_qk,h_v,flashqla_ms,fla_ms,...) and a JSON
 sidecar with the environment; prints a table with the speedups over FLA and the
 published best speedup (fla_ms / min(flash_qla_ms, flashinfer_ms)) per row.
@@ -54,7 +59,7 @@ def parse_seqlens(spec: str) -> list[int]:
     return [int(b)] if a == "1" else [int(a)] * int(b)
 
 
-def make_inputs(seqlens, h_qk, h_v, seed=0):
+def make_inputs(seqlens, h_qk, h_v, seed=0, fused_gate=False):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     T = sum(seqlens)
     dev = "cuda"
@@ -67,8 +72,16 @@ def make_inputs(seqlens, h_qk, h_v, seed=0):
     beta = torch.randn(1, T, h_v, device=dev, generator=gen).sigmoid()
     h0 = torch.randn(len(seqlens), h_v, K, V, device=dev, generator=gen)
     cu_cpu = torch.tensor([0] + list(torch.tensor(seqlens).cumsum(0).tolist()), dtype=torch.int32)
-    return dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, cu_seqlens=cu_cpu.cuda(), cu_seqlens_cpu=cu_cpu,
-                scale=K ** -0.5, output_final_state=True)
+    x = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=h0, cu_seqlens=cu_cpu.cuda(), cu_seqlens_cpu=cu_cpu,
+             scale=K ** -0.5, output_final_state=True)
+    if fused_gate:  # as FLA's GatedDeltaNet layer: a_proj / b_proj outputs, its A_log and dt_bias init
+        dt = torch.exp(torch.rand(h_v, device=dev, generator=gen) * (math.log(0.1) - math.log(0.001))
+                       + math.log(0.001))
+        x.update(g=torch.randn(1, T, h_v, device=dev, generator=gen).bfloat16(),
+                 beta=torch.randn(1, T, h_v, device=dev, generator=gen).bfloat16(),
+                 A_log=torch.empty(h_v, device=dev).uniform_(1, 16, generator=gen).log(),
+                 dt_bias=dt + torch.log(-torch.expm1(-dt)), use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+    return x
 
 
 class L2Flush:
@@ -184,9 +197,12 @@ def main(argv=None):
     ap.add_argument("--no-fla", action="store_true", help="time flashqla only")
     ap.add_argument("--no-host-lengths", action="store_true",
                     help="leave cu_seqlens_cpu out (the sequence-piece plan then takes the lengths as equal)")
+    ap.add_argument("--fused-gate", action="store_true",
+                    help="the gate as FLA's GatedDeltaNet passes it (raw gate, A_log, dt_bias, beta logits); "
+                         "default output <card>_fused_gate.csv")
     args = ap.parse_args(argv)
     if args.out is None:
-        args.out = args.out_dir / f"{card_name()}.csv"
+        args.out = args.out_dir / f"{card_name()}{'_fused_gate' if args.fused_gate else ''}.csv"
 
     rows = list(csv.DictReader(ANCHORS.open()))
     if args.rows:
@@ -200,6 +216,7 @@ def main(argv=None):
     env = environment()
     env["fla_note"] = "FLA timed with its own kernels (FLA_FLASHQLA=0)"
     env["host_lengths"] = not args.no_host_lengths  # cu_seqlens_cpu passed
+    env["fused_gate"] = args.fused_gate
     env["rows_planned"], env["rows_measured"] = len(rows), 0
 
     def write_sidecar():  # after every row too, so a run cut short says so
@@ -210,7 +227,7 @@ def main(argv=None):
     writer = None
     for r in rows:
         seqlens, h_qk, h_v = parse_seqlens(r["seqlens"]), int(r["h_qk"]), int(r["h_v"])
-        x = make_inputs(seqlens, h_qk, h_v)
+        x = make_inputs(seqlens, h_qk, h_v, fused_gate=args.fused_gate)
         if args.no_host_lengths:
             del x["cu_seqlens_cpu"]
         with torch.no_grad():

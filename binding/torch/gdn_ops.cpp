@@ -15,6 +15,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
@@ -30,6 +31,62 @@ namespace {
 using torch::headeronly::ScalarType;
 using torch::stable::Tensor;
 
+// Errors reach Python as RuntimeError (the stable ABI carries a message, not a
+// type), as "flashqla: <category>: <what>". The category is the status's, so the
+// Python layer can raise ValueError / NotImplementedError (flashqla/_errors.py);
+// <what> is the C API's message without the C entry point's name, which a
+// Python caller never called, and with C field names that have a Python
+// argument of another name renamed to it.
+const char* error_category(flashqla_status_t status) {
+  switch (status) {
+    case FLASHQLA_STATUS_INVALID_ARGUMENT: return "invalid argument";
+    case FLASHQLA_STATUS_NOT_SUPPORTED: return "not supported";
+    case FLASHQLA_STATUS_INVALID_CU_SEQLENS: return "invalid cu_seqlens";
+    case FLASHQLA_STATUS_WORKSPACE_TOO_SMALL: return "workspace too small";
+    case FLASHQLA_STATUS_CUDA_ERROR: return "CUDA error";
+    case FLASHQLA_STATUS_OUT_OF_MEMORY: return "out of memory";
+    default: return "internal error";
+  }
+}
+
+std::string python_facing(std::string message) {
+  // "flashqla_gdn_fwd_workspace_size: cu_seqlens: ..." or "flashqla: ..." -> "cu_seqlens: ..."
+  for (const char* prefix : {"flashqla_", "flashqla: "}) {
+    const std::string p(prefix);
+    if (message.compare(0, p.size(), p) != 0) continue;
+    const size_t colon = message.find(": ");
+    if (colon != std::string::npos) message.erase(0, colon + 2);
+    break;
+  }
+  const std::pair<const char*, const char*> renames[] = {{"cu_seqlens_host", "cu_seqlens_cpu"},
+                                                         {"d_o", "do"},
+                                                         {"d_final_state", "dht"}};
+  for (const auto& [c_name, py_name] : renames) {
+    const std::string c(c_name);
+    if (message.compare(0, c.size(), c) == 0 &&
+        (message.size() == c.size() || message[c.size()] == ':' || message[c.size()] == '.' ||
+         message[c.size()] == '[')) {
+      message.replace(0, c.size(), py_name);
+    }
+  }
+  return message;
+}
+
+[[noreturn]] void raise(flashqla_status_t status, const std::string& message) {
+  const std::string category = error_category(status);
+  std::string what = python_facing(message);
+  if (what.compare(0, category.size() + 2, category + ": ") == 0) what.erase(0, category.size() + 2);
+  throw std::runtime_error("flashqla: " + category + ": " + what);
+}
+
+[[noreturn]] void raise_invalid(const std::string& message) {
+  raise(FLASHQLA_STATUS_INVALID_ARGUMENT, message);
+}
+
+void check(flashqla_status_t status) {
+  if (status != FLASHQLA_STATUS_SUCCESS) raise(status, flashqla_last_error_message());
+}
+
 flashqla_dtype_t to_flashqla_dtype(ScalarType t, const char* name) {
   switch (t) {
     case ScalarType::Float: return FLASHQLA_DTYPE_FLOAT32;
@@ -40,7 +97,7 @@ flashqla_dtype_t to_flashqla_dtype(ScalarType t, const char* name) {
     case ScalarType::Long: return FLASHQLA_DTYPE_INT64;
     default: break;
   }
-  throw std::runtime_error(std::string("flashqla: ") + name +
+  raise_invalid(std::string(name) +
                            ": unsupported dtype (expected float32, float16, bfloat16, float64, "
                            "or int32/int64 for cu_seqlens)");
 }
@@ -48,7 +105,7 @@ flashqla_dtype_t to_flashqla_dtype(ScalarType t, const char* name) {
 // A tensor as the C API sees it: pointer, dtype and `rank` strides.
 flashqla_tensor_t describe(const Tensor& t, const char* name, int64_t rank) {
   if (t.dim() != rank) {
-    throw std::runtime_error(std::string("flashqla: ") + name + ": expected a " +
+    raise_invalid(std::string(name) + ": expected a " +
                              std::to_string(rank) + "-d tensor, got " + std::to_string(t.dim()) +
                              "-d");
   }
@@ -73,15 +130,12 @@ void expect_shape(const Tensor& t, const char* name, const std::vector<int64_t>&
     for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(sizes(i));
     return s + "]";
   };
-  throw std::runtime_error(
-      std::string("flashqla: ") + name + ": expected shape " +
+  raise_invalid(
+      std::string(name) + ": expected shape " +
       fmt([&](size_t i) { return shape[i]; }, shape.size()) + ", got " +
       fmt([&](size_t i) { return t.size(static_cast<int64_t>(i)); }, static_cast<size_t>(t.dim())));
 }
 
-void check(flashqla_status_t status) {
-  if (status != FLASHQLA_STATUS_SUCCESS) throw std::runtime_error(flashqla_last_error_message());
-}
 
 // The current CUDA stream of `device`, from torch's CUDA library when torch
 // has loaded one (resolved at run time so this binding also loads with
@@ -93,9 +147,9 @@ flashqla_stream_t current_cuda_stream(int32_t device) {
     return lib ? reinterpret_cast<GetStream>(dlsym(lib, "aoti_torch_get_current_cuda_stream"))
                : nullptr;
   }();
-  if (get == nullptr) throw std::runtime_error("flashqla: CUDA tensor but torch has no CUDA library loaded");
+  if (get == nullptr) raise(FLASHQLA_STATUS_CUDA_ERROR, "CUDA tensor but torch has no CUDA library loaded");
   void* stream = nullptr;
-  if (get(device, &stream) != AOTI_TORCH_SUCCESS) throw std::runtime_error("flashqla: cannot read the current CUDA stream");
+  if (get(device, &stream) != AOTI_TORCH_SUCCESS) raise(FLASHQLA_STATUS_CUDA_ERROR, "cannot read the current CUDA stream");
   return static_cast<flashqla_stream_t>(stream);
 }
 
@@ -125,7 +179,7 @@ flashqla_gdn_fwd_params_t common_params(Tensor& q, Tensor& k, Tensor& v, Tensor&
   flashqla_gdn_fwd_params_t p;
   flashqla_gdn_fwd_params_init(&p);
   if (q.dim() != 4 || v.dim() != 4) {
-    throw std::runtime_error("flashqla: q and v must be 4-d ([B, T, H, K] and [B, T, HV, V])");
+    raise_invalid("q and v must be 4-d ([B, T, H, K] and [B, T, HV, V])");
   }
   const int64_t B = q.size(0), T = q.size(1), HV = v.size(2);
   expect_shape(k, "k", {B, T, q.size(2), q.size(3)});
@@ -149,8 +203,8 @@ flashqla_gdn_fwd_params_t common_params(Tensor& q, Tensor& k, Tensor& v, Tensor&
     if (cu_seqlens_cpu.has_value()) {
       if (!cu_seqlens_cpu->is_cpu() || cu_seqlens_cpu->scalar_type() != cu_seqlens->scalar_type() ||
           cu_seqlens_cpu->numel() != cu_seqlens->numel() || !cu_seqlens_cpu->is_contiguous()) {
-        throw std::runtime_error(
-            "flashqla: cu_seqlens_cpu: must be a contiguous CPU tensor with the dtype and length "
+        raise_invalid(
+            "cu_seqlens_cpu: must be a contiguous CPU tensor with the dtype and length "
             "of cu_seqlens");
       }
       p.cu_seqlens_host = cu_seqlens_cpu->data_ptr();

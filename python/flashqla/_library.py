@@ -48,3 +48,10 @@ CUDA_BACKWARD_AVAILABLE = False
 # kernel's calls on sm_90 (fla_backend._cuda_refusal), so FLA's users never get
 # a slower path through dispatch.
 CUDA_FORWARD_BEATS_FLA = True
+# Whether it also takes calls with FLA's fused gate (use_gate_in_kernel, A_log, dt_bias:
+# what FLA's GatedDeltaNet layer passes). flashqla computes that gate in fp32 before
+# its kernel (three elementwise kernels), FLA inside its own. Measured with
+# `bench_fwd.py --fused-gate` on an H100 on the rows where that fixed cost weighs
+# most (the smallest of the published table): 397B TP8 1x2048 1.10x FLA, TP4 1x2048
+# 1.17x, TP8 1024x8 2.31x (docs/perf.md).
+CUDA_FUSED_GATE_BEATS_FLA = True

@@ -1,4 +1,4 @@
-"""flashqla as a backend of flash-linear-attention's own dispatch (FLA 0.5.x).
+"""flashqla as a backend of flash-linear-attention's own dispatch (FLA 0.5.x and 0.6.x).
 
 Once registered, ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` — and every
 model or layer that calls it — runs on flashqla whenever flashqla supports the call;
@@ -8,13 +8,24 @@ FLA then falls through to its next backend or its own Triton kernels.
 Registration is explicit (``flashqla.fla_backend.register()``) and also automatic
 when ``flashqla`` is imported with FLA installed, unless ``FLASHQLA_FLA_BACKEND=0``.
 FLA's switch for the registered backend is ``FLA_FLASHQLA=0``.
+
+FLA moved its dispatch between releases, and both layouts are supported:
+- 0.5.x: ``fla.ops.backends`` (``BaseBackend``) and a module-level registry,
+  ``fla.ops.gated_delta_rule.backends.gdr_registry``;
+- 0.6.x: ``fla.backends`` (``BaseBackend``, ``register``), backends registered per
+  operation with ``@register('gated_delta_rule')``; one registry serves every function
+  FLA dispatches under that name, and a backend answers only the functions it defines
+  (here ``chunk_gated_delta_rule``).
+FLA's ``FLA_DISABLE_BACKEND_DISPATCH=1`` bypasses its dispatch altogether, flashqla's
+backend included.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -63,7 +74,9 @@ def _cuda_refusal(q, k, v, use_gate_in_kernel: bool, capability: tuple[int, int]
     takes it). flashqla takes only what it has been measured faster than FLA on: calls
     the fused sm_90a kernel runs (K = V = 128; q, k and v alike in bfloat16 or float16;
     16-byte aligned rows — the conditions of ``src/cuda/fused_forward_support.h``), on an
-    sm_90 GPU, with the gate computed outside (``benchmarks/results/h200.csv``). Shapes
+    sm_90 GPU, with the gate computed outside (``benchmarks/results/h200.csv``) or fused
+    as FLA's GatedDeltaNet passes it (``use_gate_in_kernel``: flashqla computes the gate
+    in fp32 before its kernel; ``benchmarks/results/h200_fused_gate.csv``). Shapes
     the simpler kernel runs stay with FLA, whose kernels are faster there, and so do
     packed batches of several sequences with fewer (sequence, value head) chains than
     SMs when the host does not know the lengths (no ``cu_seqlens_cpu``): the piece plan
@@ -81,11 +94,13 @@ def _cuda_refusal(q, k, v, use_gate_in_kernel: bool, capability: tuple[int, int]
         return (f"its fast path takes q, k and v in one dtype, bfloat16 or float16 (got {q.dtype}, {k.dtype}, "
                 f"{v.dtype})")
     for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.shape[-1] > 1 and x.stride(-1) != 1:
+            continue  # the binding copies it into a contiguous tensor (as FLA copies every input)
         if x.data_ptr() % 16 != 0 or any(n > 1 and (s <= 0 or s % 8 != 0)
                                          for n, s in zip(x.shape[:-1], x.stride()[:-1])):
             return f"its fast path needs 16-byte aligned rows of {name} (base and strides; got strides {x.stride()})"
-    if use_gate_in_kernel:
-        return "its fused-gate path (use_gate_in_kernel) is not yet timed against FLA's"
+    if use_gate_in_kernel and not _library.CUDA_FUSED_GATE_BEATS_FLA:
+        return "its fused-gate path (use_gate_in_kernel) is not faster than FLA's on every published shape"
     if cu_seqlens is not None and cu_seqlens_cpu is None:
         sequences = cu_seqlens.shape[0] - 1
         if sequences > 1 and sequences * v.shape[-2] < sm_count:
@@ -94,9 +109,48 @@ def _cuda_refusal(q, k, v, use_gate_in_kernel: bool, capability: tuple[int, int]
     return None
 
 
-def _make_backend():
-    from fla.ops.backends import BaseBackend
+class _Dispatch(NamedTuple):
+    """FLA's dispatch for ``gated_delta_rule``, whichever layout the installed FLA has."""
 
+    layout: str             # "fla.backends" (0.6.x) or "fla.ops.backends" (0.5.x)
+    base_backend: type      # FLA's BaseBackend
+    registry: Any           # FLA's BackendRegistry of the gated_delta_rule operation (both
+                            # layouts: ``register(backend)`` adds or replaces by backend_type)
+
+
+def _fla_version() -> str:
+    try:
+        import fla
+
+        return getattr(fla, "__version__", "?")
+    except ImportError:
+        return "not installed"
+
+
+def fla_dispatch() -> _Dispatch:
+    """FLA's gated_delta_rule dispatch. Raises ImportError when FLA is not installed and
+    RuntimeError for an FLA whose dispatch is neither 0.5.x's nor 0.6.x's."""
+    importlib.import_module("fla")
+    try:
+        api = importlib.import_module("fla.backends")
+    except ImportError:
+        api = None
+    if api is not None and hasattr(api, "register") and hasattr(api, "BaseBackend"):
+        # 0.6.x: importing the operation's backends module loads FLA's own backends
+        # into the operation's registry (FLA does the same on first dispatch).
+        importlib.import_module("fla.ops.gated_delta_rule.backends")
+        registry = api._get_operation_registry("gated_delta_rule")
+        return _Dispatch("fla.backends", api.BaseBackend, registry)
+    try:
+        from fla.ops.backends import BaseBackend
+        from fla.ops.gated_delta_rule.backends import gdr_registry
+    except ImportError as e:
+        raise RuntimeError(f"flashqla.fla_backend supports FLA's dispatch of 0.5.x (fla.ops.backends) and 0.6.x "
+                           f"(fla.backends); found FLA {_fla_version()} with neither") from e
+    return _Dispatch("fla.ops.backends", BaseBackend, gdr_registry)
+
+
+def _make_backend(BaseBackend):
     fla_params = _fla_parameters()
     # flashqla's own parameters, read once (a later wrapper around the function must
     # not change what the verifier understands).
@@ -143,36 +197,31 @@ def _make_backend():
 
 
 def register() -> bool:
-    """Registers flashqla with FLA's ``gated_delta_rule`` dispatch (idempotent).
+    """Registers flashqla with FLA's ``gated_delta_rule`` dispatch (idempotent), in
+    either of FLA's dispatch layouts (0.5.x, 0.6.x).
 
     Returns True when registered. Raises ImportError when FLA is not installed and
-    RuntimeError for an FLA whose dispatch this module does not know (not 0.5.x).
+    RuntimeError for an FLA whose dispatch this module does not know.
     """
     global _backend
-    try:
-        from fla.ops.gated_delta_rule.backends import gdr_registry
-    except ImportError as e:
-        import fla
-
-        if getattr(fla, "__version__", "").startswith("0.5"):
-            raise
-        raise RuntimeError(f"flashqla.fla_backend supports FLA 0.5.x dispatch; found FLA "
-                           f"{getattr(fla, '__version__', '?')}") from e
-    if _backend is None:
-        _backend = _make_backend()
-    gdr_registry.register(_backend)
+    dispatch = fla_dispatch()
+    if _backend is None or not isinstance(_backend, dispatch.base_backend):
+        _backend = _make_backend(dispatch.base_backend)
+    dispatch.registry.register(_backend)
     return True
 
 
 def is_registered() -> bool:
     try:
-        from fla.ops.gated_delta_rule.backends import gdr_registry
-    except ImportError:
+        registry = fla_dispatch().registry
+    except (ImportError, RuntimeError):
         return False
-    return any(getattr(b, "backend_type", None) == BACKEND_TYPE for b in _registered_backends(gdr_registry))
+    return any(getattr(b, "backend_type", None) == BACKEND_TYPE for b in registered_backends(registry))
 
 
-def _registered_backends(registry) -> list:
+def registered_backends(registry=None) -> list:
+    """The backends in FLA's gated_delta_rule registry (all of FLA's own and flashqla's)."""
+    registry = fla_dispatch().registry if registry is None else registry
     backends = getattr(registry, "_backends", None)
     if isinstance(backends, dict):
         return list(backends.values())

@@ -4,12 +4,18 @@
 order with FLA's defaults, returns what FLA returns (``o`` in q's dtype, the final
 state in fp32 or ``None``), and raises FLA's error types and messages for the inputs
 FLA rejects. Where FLA accepts something flashqla does not compute, flashqla raises
-``NotImplementedError`` naming it; unknown keyword arguments raise ``TypeError``
-(FLA ignores them silently).
+``NotImplementedError`` naming it. Keyword arguments FLA does not know are accepted
+and ignored, as FLA does (HF transformers passes its own, ``use_cache`` among them);
+each is logged once at debug level on the ``flashqla`` logger. Inputs FLA would
+fail on with an unrelated error (a list for ``cu_seqlens``, zero heads, a NaN scale)
+raise ``TypeError`` / ``ValueError`` naming the argument.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import numbers
 import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -18,6 +24,10 @@ import torch
 import torch.nn.functional as F
 
 from . import _library, ops
+from ._errors import call_op
+
+_log = logging.getLogger("flashqla")
+_ignored_keywords: set[str] = set()
 
 _TOKEN_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 _MAX_HEAD_DIM = 256
@@ -50,17 +60,16 @@ def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     unsupported; never mutates ``kwargs``. ``resolve_gate=False`` checks only (the
     fused-gate transform of g is skipped)."""
     kwargs = dict(kwargs)
-    # --- FLA 0.5.x's checks, in its order --------------------------------------------
+    # --- what FLA's checks below assume (FLA fails on these with unrelated errors) ----
+    _check_token_tensors(q, k, v)
+    _check_cu_seqlens_type(cu_seqlens, cu_seqlens_cpu, q)
+    # --- FLA's checks, in its order ---------------------------------------------------
     if "transpose_state_layout" in kwargs:
         if state_v_first:
             raise ValueError("Cannot pass both `state_v_first` and the deprecated `transpose_state_layout`.")
         warnings.warn("`transpose_state_layout` is deprecated and renamed to `state_v_first`.",
                       DeprecationWarning, stacklevel=3)
         state_v_first = kwargs.pop("transpose_state_layout")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
-            raise ValueError(f"flashqla: {name} must be a 4-d tensor [B, T, heads, dim], "
-                             f"got {getattr(x, 'shape', type(x).__name__)}")
     if q.shape[2] != k.shape[2]:
         raise ValueError(f"q and k must have the same number of heads, but got q.shape[2]={q.shape[2]} "
                          f"and k.shape[2]={k.shape[2]}")
@@ -76,9 +85,7 @@ def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     use_gate_in_kernel = kwargs.pop("use_gate_in_kernel", False)
     A_log = kwargs.pop("A_log", None)
     dt_bias = kwargs.pop("dt_bias", None)
-    if kwargs:
-        name = next(iter(kwargs))
-        raise TypeError(f"chunk_gated_delta_rule() got an unexpected keyword argument '{name}'")
+    _ignore_unknown_keywords(kwargs)
     if cp_context is not None:
         raise NotImplementedError("flashqla: cp_context (context parallelism across devices) is not "
                                   "supported; intra-card sequence parallelism is automatic")
@@ -95,6 +102,8 @@ def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
         raise ValueError("`allow_neg_eigval=True` requires `use_beta_sigmoid_in_kernel=True`.")
     if scale is None:
         scale = k.shape[-1] ** -0.5
+    else:
+        _check_scale(scale)
 
     # --- what flashqla needs beyond FLA's checks --------------------------------------
     B, T, _, K = q.shape
@@ -104,7 +113,10 @@ def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     if v.shape[:2] != (B, T):
         raise ValueError(f"flashqla: v must be [B={B}, T={T}, HV, V], got {tuple(v.shape)}")
     for name, x in (("g", g), ("beta", beta)):
-        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (B, T, HV):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"flashqla: {name} must be a torch.Tensor of shape [B, T, HV] = {[B, T, HV]}, "
+                            f"got {type(x).__name__}")
+        if tuple(x.shape) != (B, T, HV):
             raise ValueError(f"flashqla: {name} must have shape [B, T, HV] = {[B, T, HV]}, "
                              f"got {list(getattr(x, 'shape', []))}")
     if K > _MAX_HEAD_DIM or V > _MAX_HEAD_DIM:
@@ -117,6 +129,11 @@ def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
             raise ValueError(f"flashqla: {name} is on {x.device} but q is on {q.device}")
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
     if initial_state is not None:
+        if not isinstance(initial_state, torch.Tensor):
+            raise TypeError(f"flashqla: initial_state must be a torch.Tensor or None, got "
+                            f"{type(initial_state).__name__}")
+        if initial_state.device != q.device:
+            raise ValueError(f"flashqla: initial_state is on {initial_state.device} but q is on {q.device}")
         expected = (N, HV, V, K) if state_v_first else (N, HV, K, V)
         if tuple(initial_state.shape) != expected:
             raise ValueError(f"flashqla: initial_state must have shape {list(expected)} "
@@ -124,12 +141,11 @@ def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
         if not initial_state.dtype.is_floating_point:
             raise ValueError(f"flashqla: initial_state must be a float tensor, got {initial_state.dtype}")
     if cu_seqlens is not None:
-        if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"flashqla: cu_seqlens must be a 1-d int32/int64 tensor, got "
-                             f"{cu_seqlens.dim()}-d {cu_seqlens.dtype}")
         if cu_seqlens_cpu is not None:
             if cu_seqlens_cpu.device.type != "cpu" or cu_seqlens_cpu.shape != cu_seqlens.shape:
-                raise ValueError("flashqla: cu_seqlens_cpu must be a CPU copy of cu_seqlens (same length)")
+                raise ValueError(f"flashqla: cu_seqlens_cpu must be a CPU copy of cu_seqlens (same length "
+                                 f"{cu_seqlens.shape[0]}), got {cu_seqlens_cpu.shape[0]} entries on "
+                                 f"{cu_seqlens_cpu.device}")
             cu_seqlens_cpu = cu_seqlens_cpu.to(cu_seqlens.dtype).contiguous()
     else:
         cu_seqlens_cpu = None
@@ -143,6 +159,11 @@ def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
                                       "these CUDA inputs require gradients; run under torch.no_grad() or "
                                       "use CPU tensors")
 
+    if use_gate_in_kernel:
+        for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+            if x is not None and (not isinstance(x, torch.Tensor) or x.numel() != HV):
+                raise ValueError(f"flashqla: {name} must be a tensor of HV = {HV} values (one a value head), "
+                                 f"got {list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     if use_gate_in_kernel and resolve_gate:
         # FLA's fused gate: g = -exp(A_log) * softplus(g + dt_bias), in fp32.
         raw = g.float() if dt_bias is None else g.float() + dt_bias.float()
@@ -150,6 +171,64 @@ def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     return _Call(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state), bool(state_v_first),
                  bool(use_qk_l2norm_in_kernel), _beta_activation(use_beta_sigmoid_in_kernel, allow_neg_eigval),
                  cu_seqlens, cu_seqlens_cpu)
+
+
+def _check_token_tensors(q, k, v) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"flashqla: {name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"flashqla: {name} must be a 4-d tensor [B, T, heads, head_dim], "
+                             f"got shape {list(x.shape)}")
+    for name, x, heads, dim in (("q", q, "H", "K"), ("k", k, "H", "K"), ("v", v, "HV", "V")):
+        if x.shape[2] < 1:
+            raise ValueError(f"flashqla: {name} has no heads ({name}.shape[2] = {heads} = 0; "
+                             f"shape {list(x.shape)})")
+        if x.shape[3] < 1:
+            raise ValueError(f"flashqla: {name} has head dim {dim} = 0 ({name}.shape[3]; "
+                             f"shape {list(x.shape)})")
+    if q.shape[0] < 1:
+        raise ValueError(f"flashqla: q has batch size B = 0 (shape {list(q.shape)}); B must be >= 1")
+
+
+def _check_cu_seqlens_type(cu_seqlens, cu_seqlens_cpu, q) -> None:
+    for name, x in (("cu_seqlens", cu_seqlens), ("cu_seqlens_cpu", cu_seqlens_cpu)):
+        if x is not None and not isinstance(x, torch.Tensor):
+            raise TypeError(f"flashqla: {name} must be a 1-d int32/int64 torch.Tensor (N + 1 sequence "
+                            f"boundaries) or None, got {type(x).__name__}; e.g. torch.tensor({name}, "
+                            f"dtype=torch.int32, device=q.device)")
+    if cu_seqlens is None:
+        if cu_seqlens_cpu is not None:
+            raise ValueError("flashqla: cu_seqlens_cpu is given without cu_seqlens (it is a CPU copy of it)")
+        return
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"flashqla: cu_seqlens must be a 1-d int32/int64 tensor, got "
+                         f"{cu_seqlens.dim()}-d {cu_seqlens.dtype}")
+    if cu_seqlens.shape[0] < 2:
+        raise ValueError(f"flashqla: cu_seqlens must hold N + 1 >= 2 sequence boundaries [0, ..., T], got "
+                         f"{cu_seqlens.shape[0]} entr{'y' if cu_seqlens.shape[0] == 1 else 'ies'}")
+    if cu_seqlens.device != q.device:
+        raise ValueError(f"flashqla: cu_seqlens is on {cu_seqlens.device} but q is on {q.device} (a CPU copy "
+                         f"of it goes in cu_seqlens_cpu)")
+
+
+def _check_scale(scale) -> None:
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"flashqla: scale must be a float or None (K^-1/2), got {type(scale).__name__}")
+    if not math.isfinite(scale):
+        raise ValueError(f"flashqla: scale must be finite, got {scale}; pass None for the default K^-1/2")
+
+
+def _ignore_unknown_keywords(kwargs: dict[str, Any]) -> None:
+    """FLA accepts keyword arguments it does not know and ignores them; so does flashqla
+    (callers such as HF transformers pass their own through). Each name is logged once
+    (not while torch.compile traces: logging there would break the graph)."""
+    if not kwargs or torch.compiler.is_compiling():
+        return
+    for name in kwargs:
+        if name not in _ignored_keywords:
+            _ignored_keywords.add(name)
+            _log.debug("chunk_gated_delta_rule: ignoring keyword argument %r (FLA ignores it too)", name)
 
 
 def chunk_gated_delta_rule(
@@ -196,7 +275,7 @@ def chunk_gated_delta_rule(
         **kwargs: FLA's ``chunk_size`` (16/32/64; results do not depend on it),
             ``use_gate_in_kernel`` with ``A_log`` / ``dt_bias``
             (``g := -exp(A_log) * softplus(g + dt_bias)``), the deprecated
-            ``transpose_state_layout``. Anything else raises ``TypeError``.
+            ``transpose_state_layout``. Anything else is ignored, as FLA ignores it.
 
     Returns:
         ``(o, final_state)``: o ``[B, T, HV, V]`` in q's dtype; final_state fp32 (fp64 for
@@ -205,9 +284,9 @@ def chunk_gated_delta_rule(
     c = _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                  use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu,
                  chunk_indices, cp_context, kwargs)
-    o, final_state = ops.gdn_fwd(c.q, c.k, c.v, c.g, c.beta, c.scale, c.initial_state, c.cu_seqlens,
-                                 c.cu_seqlens_cpu, c.output_final_state, c.state_v_first, c.use_qk_l2norm,
-                                 c.beta_activation)
+    o, final_state = call_op(ops.gdn_fwd, c.q, c.k, c.v, c.g, c.beta, c.scale, c.initial_state, c.cu_seqlens,
+                             c.cu_seqlens_cpu, c.output_final_state, c.state_v_first, c.use_qk_l2norm,
+                             c.beta_activation)
     return o, (final_state if c.output_final_state else None)
 
 
@@ -227,9 +306,11 @@ def chunk_gated_delta_rule_fwd(q, k, v, g, beta, scale: float, initial_state, ou
     The backward needs nothing from it: ``chunk_gated_delta_rule_bwd`` takes the same
     inputs and recomputes the states.
     """
-    o, final_state = ops.gdn_fwd(q, k, v, g, beta, float(scale), initial_state, cu_seqlens, cu_seqlens_cpu,
-                                 bool(output_final_state), bool(state_v_first), bool(use_qk_l2norm_in_kernel),
-                                 _beta_activation(use_beta_sigmoid_in_kernel, allow_neg_eigval))
+    _check_scale(scale)
+    o, final_state = call_op(ops.gdn_fwd, q, k, v, g, beta, float(scale), initial_state, cu_seqlens,
+                             cu_seqlens_cpu, bool(output_final_state), bool(state_v_first),
+                             bool(use_qk_l2norm_in_kernel),
+                             _beta_activation(use_beta_sigmoid_in_kernel, allow_neg_eigval))
     return o, (final_state if output_final_state else None)
 
 
@@ -244,8 +325,9 @@ def chunk_gated_delta_rule_bwd(q, k, v, g, beta, scale: float, initial_state, do
     dbeta w.r.t. the raw beta (through the sigmoid when enabled), dh0 fp32 (fp64 for fp64
     inputs) or ``None`` without an initial state.
     """
-    dq, dk, dv, dg, dbeta, dh0 = ops.gdn_bwd(
-        q, k, v, g, beta, float(scale), initial_state, cu_seqlens, cu_seqlens_cpu, do, dht,
+    _check_scale(scale)
+    dq, dk, dv, dg, dbeta, dh0 = call_op(
+        ops.gdn_bwd, q, k, v, g, beta, float(scale), initial_state, cu_seqlens, cu_seqlens_cpu, do, dht,
         bool(state_v_first), bool(use_qk_l2norm_in_kernel),
         _beta_activation(use_beta_sigmoid_in_kernel, allow_neg_eigval))
     return dq, dk, dv, dg, dbeta, (dh0 if initial_state is not None else None)

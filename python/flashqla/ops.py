@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from . import _library  # noqa: F401  (registers the ops)
+from ._errors import call_op
 
 # Values of the binding's ``beta_activation`` argument (flashqla_beta_activation_t).
 BETA_IDENTITY = 0
@@ -71,8 +72,8 @@ def _backward(ctx, do, dht):
     q, k, v, g, beta, initial_state, cu_seqlens, cu_seqlens_cpu = ctx.saved_tensors
     if dht is not None and dht.numel() == 0:
         dht = None  # final_state was not requested: the 0-element placeholder has no gradient
-    dq, dk, dv, dg, dbeta, dh0 = gdn_bwd(
-        q, k, v, g, beta, ctx.scale, initial_state, cu_seqlens, cu_seqlens_cpu, do,
+    dq, dk, dv, dg, dbeta, dh0 = call_op(
+        gdn_bwd, q, k, v, g, beta, ctx.scale, initial_state, cu_seqlens, cu_seqlens_cpu, do,
         dht, ctx.state_v_first, ctx.use_qk_l2norm, ctx.beta_activation)
     dh0 = None if initial_state is None else dh0.to(initial_state.dtype)
     return dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None, None, None

@@ -108,3 +108,19 @@ def make_inputs(B=1, T=100, H=2, HV=4, K=32, V=32, dtype=torch.float32, device="
     if cu_seqlens is not None:
         out["cu_seqlens"] = torch.tensor(cu_seqlens, dtype=torch.int32, device=device)
     return out
+
+
+def pytest_report_header(config):
+    """Which FLA and transformers this run tests against (the suite runs with FLA 0.5.x
+    and again with 0.6.x)."""
+    import importlib.util
+
+    lines = []
+    for name in ("fla", "transformers"):
+        spec = importlib.util.find_spec(name)
+        if spec is None:
+            lines.append(f"{name}: not installed")
+            continue
+        module = __import__(name)
+        lines.append(f"{name}: {getattr(module, '__version__', '?')} ({spec.origin})")
+    return lines

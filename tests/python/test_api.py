@@ -1,5 +1,7 @@
-"""The public Python API: FLA's signature, FLA's errors for bad input, flashqla's own
-refusals (NotImplementedError / TypeError), and the low-level entries."""
+"""The public Python API: FLA's signature, FLA's errors for bad input, FLA's
+acceptance of unknown keywords, flashqla's own refusals (NotImplementedError), errors
+a Python caller can act on (TypeError / ValueError naming the argument, never a C
+function's name), and the low-level entries."""
 
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ def test_signature_matches_fla():
     assert params[-1].kind == inspect.Parameter.VAR_KEYWORD
 
 
+@pytest.mark.fla
 @pytest.mark.skipif(importlib.util.find_spec("fla") is None, reason="flash-linear-attention not installed")
 def test_signature_covers_installed_fla():
     pytest.importorskip("fla.ops.gated_delta_rule")
@@ -135,9 +138,16 @@ def test_gate_in_kernel_needs_a_log():
 
 # --- flashqla's own refusals ------------------------------------------------------------
 
-def test_unknown_keyword_is_a_type_error():
-    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
-        _call(bogus=1)
+def test_unknown_keywords_are_ignored_as_fla_ignores_them(caplog):
+    """FLA accepts and ignores keywords it does not know; HF transformers relies on it
+    (it passes use_cache, output_router_logits, ... through to the kernel)."""
+    x = make_inputs(B=2, T=20, H=2, HV=4, K=8, V=8)
+    o, ht = flashqla.chunk_gated_delta_rule(**x, output_final_state=True)
+    with caplog.at_level("DEBUG", logger="flashqla"):
+        o2, ht2 = flashqla.chunk_gated_delta_rule(**x, output_final_state=True, use_cache=True,
+                                                  output_router_logits=False, unheard_of_keyword=1)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
+    assert "unheard_of_keyword" in caplog.text
 
 
 def test_cp_context_not_supported():
@@ -169,11 +179,115 @@ def test_initial_state_shape_and_count_without_cu_seqlens():
         flashqla.chunk_gated_delta_rule(**{**x, "initial_state": torch.randn(3, 2, 8, 8)})
 
 
-def test_invalid_cu_seqlens_contents_are_reported():
+@pytest.mark.parametrize("bad, message", [
+    ([0, 13, 12], "cu_seqlens: must be non-decreasing"),
+    ([1, 5, 12], "cu_seqlens: must start at 0"),
+    ([0, 5, 11], "cu_seqlens: must end at T = 12"),
+])
+def test_invalid_cu_seqlens_contents_are_value_errors(bad, message):
     x = make_inputs(cu_seqlens=[0, 5, 12], h0=False)
-    bad = torch.tensor([0, 13, 12], dtype=torch.int32)
-    with pytest.raises(RuntimeError, match="cu_seqlens: must be non-decreasing"):
-        flashqla.chunk_gated_delta_rule(**{**x, "cu_seqlens": bad})
+    with pytest.raises(ValueError, match=message) as info:
+        flashqla.chunk_gated_delta_rule(**{**x, "cu_seqlens": torch.tensor(bad, dtype=torch.int32)})
+    assert "flashqla_" not in str(info.value)  # no C function names
+
+
+# --- errors a Python caller can act on: the argument named, no C names ----------------
+
+def _error(**overrides):
+    x = make_inputs(B=1, T=12, H=2, HV=4, K=8, V=8, h0=False)
+    x.update(overrides)
+    with pytest.raises((TypeError, ValueError)) as info:
+        flashqla.chunk_gated_delta_rule(**x)
+    assert "flashqla_" not in str(info.value), str(info.value)
+    return info
+
+
+def test_cu_seqlens_as_a_list_is_a_type_error():
+    info = _error(cu_seqlens=[0, 5, 12])
+    assert info.type is TypeError and "cu_seqlens must be a 1-d int32/int64 torch.Tensor" in str(info.value)
+    info = _error(cu_seqlens=torch.tensor([0, 5, 12], dtype=torch.int32), cu_seqlens_cpu=(0, 5, 12))
+    assert info.type is TypeError and "cu_seqlens_cpu must be" in str(info.value)
+
+
+@pytest.mark.parametrize("entries", [0, 1])
+def test_cu_seqlens_without_boundaries(entries):
+    info = _error(cu_seqlens=torch.zeros(entries, dtype=torch.int32))
+    assert info.type is ValueError and "cu_seqlens must hold N + 1 >= 2 sequence boundaries" in str(info.value)
+
+
+def test_cu_seqlens_of_another_dtype_or_rank():
+    assert "1-d int32/int64" in str(_error(cu_seqlens=torch.tensor([0.0, 12.0])).value)
+    assert "1-d int32/int64" in str(_error(cu_seqlens=torch.tensor([[0, 12]], dtype=torch.int32)).value)
+
+
+def test_cu_seqlens_cpu_without_cu_seqlens():
+    info = _error(cu_seqlens_cpu=torch.tensor([0, 12], dtype=torch.int32))
+    assert info.type is ValueError and "cu_seqlens_cpu is given without cu_seqlens" in str(info.value)
+
+
+@pytest.mark.parametrize("tensor, dim, text", [
+    ("q", 2, "q has no heads (q.shape[2] = H = 0"), ("v", 2, "v has no heads (v.shape[2] = HV = 0"),
+    ("q", 3, "q has head dim K = 0"), ("v", 3, "v has head dim V = 0"),
+])
+def test_zero_heads_or_head_dim(tensor, dim, text):
+    x = make_inputs(B=1, T=12, H=2, HV=4, K=8, V=8, h0=False)
+    shape = list(x[tensor].shape)
+    shape[dim] = 0
+    over = {tensor: torch.zeros(shape)}
+    if tensor == "q":
+        over["k"] = torch.zeros(shape)
+    info = _error(**over)
+    assert info.type is ValueError and text in str(info.value)
+
+
+def test_empty_batch():
+    x = make_inputs(B=1, T=12, H=2, HV=4, K=8, V=8, h0=False)
+    empty = {n: x[n][:0] for n in ("q", "k", "v", "g", "beta")}
+    assert "batch size B = 0" in str(_error(**empty).value)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_scale(scale):
+    info = _error(scale=scale)
+    assert info.type is ValueError and "scale must be finite" in str(info.value)
+
+
+@pytest.mark.parametrize("scale", ["0.1", True, torch.tensor(0.1)])
+def test_scale_of_another_type(scale):
+    info = _error(scale=scale)
+    assert info.type is TypeError and "scale must be a float or None" in str(info.value)
+
+
+def test_low_level_entries_check_scale():
+    x = make_inputs(B=1, T=12, H=2, HV=4, K=8, V=8, h0=False)
+    args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+    with pytest.raises(ValueError, match="scale must be finite"):
+        flashqla.chunk_gated_delta_rule_fwd(*args, float("nan"), None, False)
+    with pytest.raises(ValueError, match="scale must be finite"):
+        flashqla.chunk_gated_delta_rule_bwd(*args, float("nan"), None, torch.ones(1, 12, 4, 8), None)
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta", "initial_state"])
+def test_non_tensor_inputs_are_type_errors(name):
+    info = _error(**{name: [[0.0]]})
+    assert info.type is TypeError and f"{name} must be a torch.Tensor" in str(info.value)
+
+
+def test_fused_gate_parameters_are_checked():
+    x = make_inputs(B=1, T=12, H=2, HV=4, K=8, V=8, h0=False)
+    info = _error(use_gate_in_kernel=True, A_log=torch.zeros(3))
+    assert info.type is ValueError and "A_log must be a tensor of HV = 4 values" in str(info.value)
+    info = _error(use_gate_in_kernel=True, A_log=torch.zeros(4), dt_bias=torch.zeros(5))
+    assert "dt_bias must be a tensor of HV = 4 values" in str(info.value)
+    del x
+
+
+def test_errors_from_the_core_name_python_arguments():
+    """What only the core sees (contents of cu_seqlens against its CPU copy) comes back
+    as ValueError with the Python argument's name, not the C field's."""
+    x = make_inputs(cu_seqlens=[0, 5, 12], h0=False)
+    with pytest.raises(ValueError, match=r"^flashqla: cu_seqlens_cpu: differs from cu_seqlens at index 1"):
+        flashqla.chunk_gated_delta_rule(**x, cu_seqlens_cpu=torch.tensor([0, 6, 12]))
 
 
 def test_cu_seqlens_cpu_must_match():
@@ -181,7 +295,7 @@ def test_cu_seqlens_cpu_must_match():
     o1, _ = flashqla.chunk_gated_delta_rule(**x, cu_seqlens_cpu=x["cu_seqlens"].clone().long())
     o2, _ = flashqla.chunk_gated_delta_rule(**x)
     assert torch.equal(o1, o2)
-    with pytest.raises(RuntimeError, match="cu_seqlens_host: differs from cu_seqlens"):
+    with pytest.raises(ValueError, match="cu_seqlens_cpu: differs from cu_seqlens"):
         flashqla.chunk_gated_delta_rule(**x, cu_seqlens_cpu=torch.tensor([0, 6, 12]))
 
 

@@ -1,7 +1,10 @@
 """flashqla as a backend of flash-linear-attention's dispatch: registration and its
 priority, FLA's entry point really running flashqla (forward and backward, every
 calling convention and FLA's fused-gate kwargs), the verifier's refusals, and the
-switches (FLA_FLASHQLA=0, FLASHQLA_FLA_BACKEND=0)."""
+switches (FLA_FLASHQLA=0, FLASHQLA_FLA_BACKEND=0). The same tests pass with FLA 0.5.x
+(dispatch in ``fla.ops.backends``) and 0.6.x (``fla.backends``): the suite runs once
+with each (scripts/lib/python_env.sh). On a GPU, FLA's function and FLA's
+GatedDeltaNet layer run on flashqla's CUDA kernels."""
 
 from __future__ import annotations
 
@@ -20,10 +23,12 @@ pytest.importorskip("fla.ops.gated_delta_rule")
 import flashqla  # noqa: E402  (registers the backend)
 import flashqla.fla_backend  # noqa: E402
 from conftest import gdn_reference, make_inputs, rel_error  # noqa: E402
+from conftest import requires_gpu  # noqa: E402
 from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gated_delta_rule  # noqa: E402
-from fla.ops.gated_delta_rule.backends import gdr_registry  # noqa: E402
 
 pytestmark = pytest.mark.fla
+
+gdr_registry = flashqla.fla_backend.fla_dispatch().registry
 
 gdr_module = importlib.import_module("flashqla.gated_delta_rule")
 direct = flashqla.chunk_gated_delta_rule  # the package-level name; never patched below
@@ -62,9 +67,17 @@ def test_registered_on_import():
     assert be.is_available() and be.default_enable
 
 
+def test_dispatch_layout_of_installed_fla():
+    import fla
+
+    major_minor = tuple(int(x) for x in fla.__version__.split(".")[:2])
+    layout = flashqla.fla_backend.fla_dispatch().layout
+    assert layout == ("fla.backends" if major_minor >= (0, 6) else "fla.ops.backends"), fla.__version__
+
+
 def test_priority_before_flash_qla():
     be = backend()
-    assert "flash_qla" in gdr_registry._backends, "FLA 0.5.x registers QwenLM FlashQLA's backend"
+    assert "flash_qla" in gdr_registry._backends, "FLA registers QwenLM FlashQLA's backend"
     flash_qla = gdr_registry._backends["flash_qla"]
     assert flash_qla.priority == 3
     assert be.priority < flash_qla.priority
@@ -307,9 +320,11 @@ def test_verifier_declines_cp_context(how):
     del x["initial_state"]
     if how == "keyword":
         ok, reason = _verify(**x, cp_context=_FakeCPContext())
-    else:  # FLA's 15th positional parameter is cp_context
-        ok, reason = _verify(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, False, False, False, False,
-                             False, None, None, _FakeCPContext())
+    else:  # cp_context's place in the installed FLA's order (15th in 0.5.x, 16th in 0.6.x)
+        args = [x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, False, False, False, False, False]
+        at = flashqla.fla_backend._fla_parameters().index("cp_context")
+        args += [None] * (at - len(args)) + [_FakeCPContext()]
+        ok, reason = _verify(*args)
     assert ok is False
     assert "cp_context" in reason
 
@@ -320,9 +335,15 @@ def test_verifier_declines_head_first(value):
     assert ok is False and "head_first" in reason
 
 
-def test_verifier_declines_unknown_kwarg():
-    ok, reason = _verify(**_inputs(), frobnicate=1)
-    assert ok is False and "frobnicate" in reason
+def test_unknown_kwargs_are_accepted_and_ignored_as_fla_does(calls):
+    """FLA ignores keyword arguments it does not know (HF transformers passes use_cache and
+    others through); flashqla's backend takes such calls and computes the same result."""
+    x = _inputs()
+    assert _verify(**x, use_cache=True, output_router_logits=False) == (True, None)
+    o, ht = fla_chunk_gated_delta_rule(**x, output_final_state=True, use_cache=True, frobnicate=1)
+    assert len(calls) == 1
+    o2, ht2 = direct(**x, output_final_state=True)
+    assert torch.equal(o, o2) and torch.equal(ht, ht2)
 
 
 def test_verifier_declines_k_512():
@@ -380,7 +401,20 @@ def test_cuda_unaligned_rows_stay_with_fla(beats_fla):
     assert "aligned" in _fast(k=offset)
 
 
-def test_cuda_fused_gate_stays_with_fla(beats_fla):
+def test_cuda_feature_strided_views_are_taken(beats_fla):
+    """HF transformers' Qwen3-Next hands over v as a view of its [B, C, T] convolution
+    output (feature stride T): the binding copies such a tensor into a contiguous one,
+    which the fused kernel runs, so the call is flashqla's."""
+    conv_out = torch.empty(1, 2 * 2 * 128 + 4 * 128, 64, dtype=torch.bfloat16)  # [B, C, T]
+    v = conv_out.transpose(1, 2)[..., 512:].reshape(1, 64, 4, 128)
+    assert v.stride(-1) == 64
+    assert _fast(v=v) is None
+
+
+def test_cuda_fused_gate_taken_where_measured_faster(beats_fla, monkeypatch):
+    monkeypatch.setattr(flashqla._library, "CUDA_FUSED_GATE_BEATS_FLA", True)
+    assert _fast(use_gate_in_kernel=True) is None
+    monkeypatch.setattr(flashqla._library, "CUDA_FUSED_GATE_BEATS_FLA", False)
     assert "use_gate_in_kernel" in _fast(use_gate_in_kernel=True)
 
 
@@ -399,9 +433,9 @@ def test_cuda_declined_while_not_faster(monkeypatch):
 
 def test_declined_call_falls_back_to_fla(calls):
     """A call flashqla declines goes to FLA's own implementation (never to flashqla)."""
-    x = _inputs()
+    x = _inputs(T=8, K=512, V=16)
     try:
-        fla_chunk_gated_delta_rule(**x, frobnicate=1)
+        fla_chunk_gated_delta_rule(**x)
     except Exception:  # noqa: BLE001 - FLA's Triton path may not run on CPU at all
         pass
     assert len(calls) == 0
@@ -437,3 +471,59 @@ def test_fla_entry_with_non_contiguous_gates(calls):
     o, ht = fla_chunk_gated_delta_rule(**y, output_final_state=True)
     o_ref, ht_ref = gdn_reference(**x)
     assert rel_error(o, o_ref) < 1e-5 and rel_error(ht, ht_ref) < 1e-5
+
+
+# --------------------------------------------------------------------------------------
+# on the GPU: FLA's function and FLA's GatedDeltaNet layer run on flashqla's kernels
+# --------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_fla_entry_runs_flashqla_on_cuda(calls, monkeypatch):
+    x = make_inputs(cu_seqlens=[0, 300, 1000, 1100], H=2, HV=4, K=128, V=128, dtype=torch.bfloat16,
+                    device="cuda", seed=5)
+    cu_cpu = x["cu_seqlens"].cpu()
+    with torch.no_grad():
+        o, ht = fla_chunk_gated_delta_rule(**x, cu_seqlens_cpu=cu_cpu, output_final_state=True)
+        assert len(calls) == 1
+        monkeypatch.setenv("FLA_FLASHQLA", "0")  # FLA's own Triton kernels
+        fo, fht = fla_chunk_gated_delta_rule(**x, cu_seqlens_cpu=cu_cpu, output_final_state=True)
+        assert len(calls) == 1
+    cpu = {n: (t.cpu().double() if t.is_floating_point() else t.cpu()) for n, t in x.items()}
+    ref_o, ref_ht = flashqla.chunk_gated_delta_rule(**cpu, output_final_state=True)
+    for ours, theirs, ref in ((o, fo, ref_o), (ht, fht, ref_ht)):
+        assert rel_error(ours, ref) <= max(1.05 * rel_error(theirs, ref), 5e-3)
+
+
+@pytest.mark.gpu
+@requires_gpu
+@pytest.mark.parametrize("allow_neg_eigval", [False, True])
+def test_gated_deltanet_layer_runs_flashqla_on_cuda(calls, monkeypatch, allow_neg_eigval):
+    """FLA's GatedDeltaNet layer (head size 128, bf16, a prefill longer than 64 tokens:
+    its chunk mode) calls FLA's chunk_gated_delta_rule with the fused gate, beta logits
+    and V-first states; through FLA's dispatch flashqla runs that call, with an error
+    against the fp64 oracle no larger than FLA's own kernels make on the same call."""
+    layers = pytest.importorskip("fla.layers")
+    if not flashqla._library.CUDA_FUSED_GATE_BEATS_FLA:
+        pytest.fail("flashqla's fused-gate path is not measured faster than FLA's: FLA keeps GatedDeltaNet's calls")
+    torch.manual_seed(0)
+    layer = layers.GatedDeltaNet(hidden_size=256, head_dim=128, num_heads=2, num_v_heads=4, expand_v=1,
+                                 mode="chunk", allow_neg_eigval=allow_neg_eigval).to("cuda", torch.bfloat16)
+    hidden = torch.randn(2, 300, 256, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        ours_layer = layer(hidden)[0]
+        assert len(calls) == 1, "FLA's GatedDeltaNet did not run on flashqla"
+        x = calls[0][1]
+        assert not calls[0][0] and x["use_gate_in_kernel"] is True and x["state_v_first"] is True
+        ours = direct(**x)[0]
+        monkeypatch.setenv("FLA_FLASHQLA", "0")  # FLA's own kernels on the same call, and layer
+        theirs = fla_chunk_gated_delta_rule(**x)[0]
+        theirs_layer = layer(hidden)[0]
+        assert len(calls) == 1
+    cpu = {n: x[n].detach().cpu().double() for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias")}
+    g = -cpu["A_log"].exp() * F.softplus(cpu["g"] + cpu["dt_bias"])
+    ref, _ = gdn_reference(cpu["q"], cpu["k"], cpu["v"], g, cpu["beta"], use_qk_l2norm=True, beta_sigmoid=True,
+                           allow_neg_eigval=allow_neg_eigval)
+    assert rel_error(ours, ref) <= 1.1 * rel_error(theirs, ref) + 5e-4, (rel_error(ours, ref), rel_error(theirs, ref))
+    assert rel_error(ours_layer, theirs_layer) < 5e-2

@@ -88,6 +88,7 @@ def test_repeated_runs_are_bitwise_identical():
         assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
+@pytest.mark.fla
 @pytest.mark.skipif(not HAS_FLA, reason="flash-linear-attention not installed")
 def test_error_no_worse_than_fla(monkeypatch):
     pytest.importorskip("fla.ops.gated_delta_rule")
@@ -220,17 +221,17 @@ def test_fused_gate_on_cuda():
     assert rel_error(o, ref_o) <= 5e-3
 
 
+@pytest.mark.fla
 @pytest.mark.skipif(not HAS_FLA, reason="flash-linear-attention not installed")
 def test_fla_backend_takes_only_the_fast_path_on_cuda():
     """FLA's dispatch runs flashqla for the fused kernel's shapes (bitwise what the direct
     call gives) and keeps the rest, with the reason."""
     pytest.importorskip("fla.ops.gated_delta_rule")
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_entry
-    from fla.ops.gated_delta_rule.backends import gdr_registry
 
-    from flashqla import _library
+    from flashqla import _library, fla_backend
 
-    backend = gdr_registry._backends["flashqla"]
+    backend = fla_backend.fla_dispatch().registry._backends["flashqla"]
     x = make_inputs(T=200, H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, device="cuda")
     ok, reason = backend.verify("chunk_gated_delta_rule", **x, output_final_state=True)
     if not _library.CUDA_FORWARD_BEATS_FLA:
