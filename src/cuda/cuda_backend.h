@@ -1,5 +1,5 @@
 // The CUDA backend's host side: device checks, workspace layout and kernel
-// launches on the caller's stream. Compiled only with FLASHQLA_ENABLE_CUDA.
+// launches on the caller's stream. Compiled only in CUDA builds (FLASHQLA_WITH_CUDA).
 #pragma once
 
 #include <cstddef>

@@ -58,7 +58,9 @@ TEST(SequencePieces, SlotsBoundThePiecesOfAnyLengths) {
     const auto pl = plan(T, planned_lengths, HV, varlen, trial % 3 != 0, trial % 5 == 0 ? 1 : -1);
     if (pl.chunks == 0) continue;
     ++planned;
-    if (!pl.chained) EXPECT_LT(N * HV, kSms);
+    if (!pl.chained) {
+      EXPECT_LT(N * HV, kSms);
+    }
     EXPECT_GE(pl.chunks, flashqla::cuda::kMinPieceChunks);
     const std::vector<int64_t> lengths = varlen ? random_lengths(rng, T, N) : planned_lengths;
     int64_t pieces = 0;
