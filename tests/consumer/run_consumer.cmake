@@ -23,22 +23,8 @@ set(build "${WORK_DIR}/build")
 file(REMOVE_RECURSE "${prefix}" "${build}")
 file(MAKE_DIRECTORY "${WORK_DIR}")
 
-# run_step(<name> <command>...): runs the command, fails with its output.
-function(run_step name)
-  execute_process(
-    COMMAND ${ARGN}
-    RESULT_VARIABLE rc
-    OUTPUT_VARIABLE out
-    ERROR_VARIABLE err)
-  if(NOT rc STREQUAL "0")
-    string(REPLACE ";" " " cmd "${ARGN}")
-    message(FATAL_ERROR
-      "cmake_consumer: step '${name}' failed (exit ${rc})\n"
-      "command: ${cmd}\n"
-      "--- stdout ---\n${out}\n--- stderr ---\n${err}")
-  endif()
-  set(step_output "${out}${err}" PARENT_SCOPE)
-endfunction()
+set(RUN_STEP_TEST cmake_consumer)
+include("${CMAKE_CURRENT_LIST_DIR}/../cmake/run_step.cmake")
 
 run_step(install
   "${CMAKE_COMMAND}" --install "${FLASHQLA_BUILD_DIR}" --prefix "${prefix}" --config "${CONFIG}")

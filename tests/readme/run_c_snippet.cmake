@@ -67,22 +67,8 @@ list(LENGTH code_lines code_lines)
 math(EXPR last_line "${first_line} + ${code_lines} - 1")
 message(STATUS "extracted lines ${first_line}-${last_line} of ${README} into ${snippet}")
 
-# run_step(<name> <command>...): runs the command, fails with its output.
-function(run_step name)
-  execute_process(
-    COMMAND ${ARGN}
-    RESULT_VARIABLE rc
-    OUTPUT_VARIABLE out
-    ERROR_VARIABLE err)
-  if(NOT rc STREQUAL "0")
-    string(REPLACE ";" " " cmd "${ARGN}")
-    message(FATAL_ERROR
-      "readme_c_snippet: step '${name}' failed (exit ${rc})\n"
-      "command: ${cmd}\n"
-      "--- stdout ---\n${out}\n--- stderr ---\n${err}")
-  endif()
-  set(step_output "${out}${err}" PARENT_SCOPE)
-endfunction()
+set(RUN_STEP_TEST readme_c_snippet)
+include("${CMAKE_CURRENT_LIST_DIR}/../cmake/run_step.cmake")
 
 # --- 2. compile and link ---------------------------------------------------------
 set(exe "${WORK_DIR}/readme_c_snippet")
