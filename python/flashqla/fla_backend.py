@@ -76,7 +76,7 @@ def _cuda_refusal(q, k, v, use_gate_in_kernel: bool, capability: tuple[int, int]
     16-byte aligned rows — the conditions of ``src/cuda/fused_forward_support.h``), on an
     sm_90 GPU, with the gate computed outside (``benchmarks/results/h200.csv``) or fused
     as FLA's GatedDeltaNet passes it (``use_gate_in_kernel``: flashqla computes the gate
-    in fp32 before its kernel; ``benchmarks/results/h200_fused_gate.csv``). Shapes
+    in fp32 before its kernel; measured with ``bench_fwd.py --fused-gate``, docs/perf.md). Shapes
     the simpler kernel runs stay with FLA, whose kernels are faster there, and so do
     packed batches of several sequences with fewer (sequence, value head) chains than
     SMs when the host does not know the lengths (no ``cu_seqlens_cpu``): the piece plan
