@@ -18,7 +18,7 @@ namespace flashqla::cuda {
 // (the same recurrence from the identity with v = 0), the scan chains them into
 // each piece's true start state, and the output pass reruns every piece from it.
 // Chained pieces (many chains) are one launch: a CTA a piece, each starting from
-// the end state its predecessor left in the workspace (forward_work_item.cuh).
+// the end state its predecessor left in the workspace (work_scheduler.cuh).
 enum ForwardPass : int { kWholeSequences = 0, kPiecePartials = 1, kPieceOutputs = 2, kChainedPieces = 3 };
 // The per-piece states in ForwardArgs::piece_states: [slot][HV][kind][K][V] fp32.
 enum PieceState : int { kPieceLocal = 0, kPieceTransition = 1, kPieceStart = 2, kPieceStateKinds = 3 };

@@ -1,6 +1,6 @@
 // How the fused forward cuts sequences into pieces (intra-card sequence
-// parallelism, forward_args.h): the plan from host-known sizes only, and the
-// piece count of one sequence, shared by the host plan and the device code.
+// parallelism, forward_args.h): the host plan from host-known sizes only (what
+// the device code shares with it: sequence_piece_layout.h).
 #pragma once
 
 #include <algorithm>
@@ -10,27 +10,11 @@
 #include <utility>
 #include <vector>
 
-#if defined(__CUDACC__)
-#define FLASHQLA_HOST_DEVICE __host__ __device__
-#else
-#define FLASHQLA_HOST_DEVICE
-#endif
+#include "cuda/sequence_piece_layout.h"
 
 namespace flashqla::cuda {
 
-constexpr int64_t kPieceChunkTokens = 64;
 constexpr int64_t kMinPieceChunks = 4;
-// Sequences the fused kernel ranks longest first on the device (beyond this, in
-// launch order); chained pieces of varlen batches rely on the ranking.
-constexpr int kMaxRankedSequences = 512;
-
-// Pieces of a sequence of `tokens` tokens: at least one, so an empty sequence
-// still writes its final state.
-FLASHQLA_HOST_DEVICE inline int64_t sequence_piece_count(int64_t tokens, int64_t piece_chunks) {
-  const int64_t chunks = (tokens + kPieceChunkTokens - 1) / kPieceChunkTokens;
-  const int64_t pieces = (chunks + piece_chunks - 1) / piece_chunks;
-  return pieces > 1 ? pieces : 1;
-}
 
 struct PiecePlan {
   int64_t chunks = 0;    // chunks per piece; 0: whole sequences
@@ -117,7 +101,6 @@ inline void for_each_piece_length(int64_t longest, int64_t max_pieces, F&& try_l
 // Sequences ranked longest first (the ranks' order within a round does not
 // matter for the schedule's correctness, only for its length).
 constexpr int64_t kMaxChainedTickets = 1 << 15;  // the model's simulation bound
-constexpr int64_t kMaxChainRounds = 1024;         // pieces of one sequence
 
 // The schedule keeps equal times together as (time, how many): the SMs' free
 // times in a map, and per sequence its value heads' chain ends, ascending. The
@@ -220,7 +203,7 @@ inline PiecePlan plan_sequence_pieces(int64_t T, int64_t N, int64_t HV, bool var
                                       int64_t sms, int mode, int64_t forced_chunks) {
   if (sms <= 0 || N <= 0 || HV <= 0 || mode == 0) return {};
   const bool chained = mode == 2 || N * HV >= sms;
-  // Chained pieces rank varlen sequences on the device (forward_work_item.cuh).
+  // Chained pieces rank varlen sequences on the device (work_scheduler.cuh).
   if (chained && varlen && N > kMaxRankedSequences) return {};
   const int64_t longest = (T + kPieceChunkTokens - 1) / kPieceChunkTokens;  // the longest possible sequence
   // A bound on the chunks of all sequences together (varlen: partial last chunks).

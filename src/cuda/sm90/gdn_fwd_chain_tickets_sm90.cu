@@ -1,7 +1,7 @@
 #include "cuda/sm90/gdn_fwd_chain_tickets_sm90.h"
 
 #include "core/trace.h"
-#include "cuda/sm90/forward_work_item.cuh"
+#include "cuda/sm90/work_scheduler.cuh"
 
 namespace flashqla::cuda {
 namespace {

@@ -1,6 +1,6 @@
 // Before a chained-pieces launch of the fused forward: zeroes the ticket and the
 // chains' counters and writes the ticket table (ticket -> round, place in the
-// round) from cu_seqlens on the device (forward_work_item.cuh).
+// round) from cu_seqlens on the device (work_scheduler.cuh).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,12 +1,14 @@
-// Development tool: phase timing of the fused forward kernel. Builds the kernel
-// with FLASHQLA_FUSED_PROFILE (cycles per phase of CTA 0, read back) and times five
-// launches of each shape with CUDA events, and compares o with the simple
-// kernel's on the same inputs. Built without the define, it times the kernel
-// as built for the library. On the GPU machine:
-//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -DFLASHQLA_FUSED_PROFILE -Iinclude -Isrc \
+// Development tool: the fused forward kernel's per-chunk latency. Times five
+// launches of each shape with CUDA events (after one untimed launch) and
+// compares o with the simple kernel's on the same inputs. It includes the kernel's
+// source and calls launch_gdn_fwd_fused only, so one build of this file times any
+// version of the kernel (scripts/gpu.sh compare builds it against each version's
+// src/). For the time of each phase use Nsight Compute on it (scripts/gpu.sh ncu).
+// On the GPU machine:
+//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 --expt-relaxed-constexpr -Iinclude -Isrc \
 //     -Ithird_party/cutlass/include \
-//     benchmarks/tools/fused_phase_profile.cu src/cuda/sm90/gdn_fwd_simple_sm90.cu -o /tmp/fused_phase_profile
-//   /tmp/fused_phase_profile          (every shape; "/tmp/fused_phase_profile 2,3" only those)
+//     benchmarks/tools/fused_chunk_latency.cu src/cuda/sm90/gdn_fwd_simple_sm90.cu -o /tmp/fused_chunk_latency
+//   /tmp/fused_chunk_latency          (every shape; "/tmp/fused_chunk_latency 2,3" only those)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -62,35 +64,8 @@ void run(int64_t B, int64_t T, int64_t H, int64_t HV, bool l2norm = false) {
   a.o = o, a.o_sb = T * HV * D, a.o_st = HV * D, a.o_sh = D, a.o_dtype = FLASHQLA_DTYPE_BFLOAT16;
   std::printf("B=%lld T=%lld H=%lld HV=%lld%s\n", (long long)B, (long long)T, (long long)H, (long long)HV,
               l2norm ? " l2norm" : "");
-#ifdef FLASHQLA_FUSED_PROFILE
-  using flashqla::cuda::kProfileSlots;
-  long long cycles[kProfileSlots] = {};
-  check(cudaMemcpyToSymbol(flashqla::cuda::fused_profile_cycles, cycles, sizeof(cycles)), "reset");
-#endif
   check(flashqla::cuda::launch_gdn_fwd_fused(a, nullptr), "launch");
   check(cudaDeviceSynchronize(), "sync");
-#ifdef FLASHQLA_FUSED_PROFILE
-  check(cudaMemcpyFromSymbol(cycles, flashqla::cuda::fused_profile_cycles, sizeof(cycles)), "read");
-  const long long n = cycles[kProfileSlots - 1] > 0 ? cycles[kProfileSlots - 1] : 1;
-  // Slots 16..18 and slot 7 on the producer's side exist from v3.14's finer
-  // profile on; a version with fewer slots prints the ones it has.
-  constexpr int kNamedSlots = 19;
-  static const char* const names[kNamedSlots] = {
-      "wait ready", "KS, QS first keys", "KS, QS other keys, V", "loads issued", "V', V_new", "O, S update",
-      "O store", "16x16 blocks", "wait free", "Q, K landed, rows prepared", "A epilogue, barrier",
-      "32x32 level, gates, barrier", "off-diagonal", "V landed", "gates", "ready", "K Kᵀ, Q Kᵀ waited",
-      "P epilogue", "blocks' barrier"};
-  // Slot order in time: the state warpgroups', then the producer's.
-  static const int order[kNamedSlots] = {0, 1, 2, 4, 5, 6, 8, 3, 14, 9, 16, 17, 10, 7, 18, 11, 12, 13, 15};
-  std::printf("  cycles per chunk (CTA 0, %lld chunks), state:", n);
-  for (int k = 0; k < kNamedSlots; ++k) {
-    const int i = order[k];
-    if (i >= kProfileSlots - 1) continue;
-    if (i == 8) std::printf("\n    producer:");
-    std::printf(" %s %lld |", names[i], cycles[i] / n);
-  }
-  std::printf("\n");
-#endif
   // Timed: kTimedLaunches launches after the one above, each between its own
   // events (the mean is the figure; the min shows how far the launches spread).
   constexpr int kTimedLaunches = 5;
@@ -128,7 +103,7 @@ void run(int64_t B, int64_t T, int64_t H, int64_t HV, bool l2norm = false) {
 
 }  // namespace
 
-// The shapes, in order; an argument "i,j,..." runs only those (for a profiler).
+// The shapes, in order; an argument "i,j,..." runs only those (for a profiler such as ncu).
 int main(int argc, char** argv) {
   struct Shape {
     int64_t B, T, H, HV;

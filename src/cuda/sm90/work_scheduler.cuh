@@ -1,15 +1,19 @@
-// Work items of the fused forward: what one CTA computes. A work item is a run
-// of chunks of one (sequence, value head) with the state it starts from, where
-// its final state goes and whether it writes o and reads v. Whole sequences are
-// ranked longest first; sequence pieces (intra-card sequence parallelism, see
-// forward_args.h) are found from cu_seqlens on the device, so no pass needs a
-// host read.
+// The work-item scheduler of the fused forward (and of the kernels around it):
+// what one CTA computes. A work item is a run of chunks of one (sequence, value
+// head) with the state it starts from, where its final state goes and whether it
+// writes o and reads v. One scheduler type a pass of the forward (ForwardPass),
+// each with the same interface:
+//   static int64_t grid_size(const ForwardArgs&)                     (host)
+//   static WorkItem item(const ForwardArgs&, int64_t block, int64_t* scratch)
+// Whole sequences are ranked longest first; sequence pieces (intra-card sequence
+// parallelism, forward_args.h) are found from cu_seqlens on the device, so no
+// pass needs a host read.
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/forward_args.h"
-#include "cuda/sequence_pieces.h"
+#include "cuda/sequence_piece_layout.h"
 #include "cuda/sm90/device_common.cuh"
 
 namespace flashqla::cuda {
@@ -125,16 +129,6 @@ __device__ __forceinline__ int64_t piece_state_base(const ForwardArgs& a, int64_
   return ((slot * a.HV + hv) * kPieceStateKinds + kind) * a.K * a.V;
 }
 
-// CTAs per launch of the fused kernel for a pass.
-inline int64_t work_item_count(const ForwardArgs& a) {
-  switch (a.piece_pass) {
-    case kPiecePartials: return a.piece_slots * a.HV * 2;
-    case kPieceOutputs:
-    case kChainedPieces: return a.piece_slots * a.HV;
-    default: return a.N * a.HV;
-  }
-}
-
 // A chain's latest end state in the chained pieces' workspace.
 __device__ __forceinline__ int64_t chain_state_base(const ForwardArgs& a, int64_t n, int64_t hv) {
   return (n * a.HV + hv) * a.K * a.V;
@@ -157,43 +151,54 @@ __device__ inline bool take_chained_ticket(const ForwardArgs& a, int64_t* scratc
   return e.y >= 0;
 }
 
-// The work item of CTA `block`. All threads of the CTA call it with the same
-// arguments (the whole-sequence ranking synchronises the CTA).
-__device__ inline WorkItem resolve_work_item(const ForwardArgs& a, int64_t block, int64_t* scratch) {
+// The sequence passes: whole sequences (the plain forward: CTA t = (sequence of
+// rank t / HV, value head t % HV), the longest sequences first), or chained
+// pieces (one launch, a CTA a ticket from take_chained_ticket: piece j of a
+// sequence starts from the end state piece j − 1 left in the workspace, once
+// the chain's counter says it is there, and raises the counter after its own).
+__device__ __forceinline__ WorkItem sequence_pass_item(const ForwardArgs& a, int64_t block, int64_t* scratch,
+                                                       bool chained) {
   WorkItem w;
-  if (a.piece_pass == kWholeSequences || a.piece_pass == kChainedPieces) {
-    // Whole sequences: one round, ticket = block.
-    const bool chained = a.piece_pass == kChainedPieces;
-    int64_t t = block, j = 0;
-    if (chained && !take_chained_ticket(a, scratch, t, j)) return w;
-    w.valid = true;
-    w.hv = t % a.HV;
-    w.n = sequence_of_rank(a, t / a.HV, scratch);
-    w.seq = sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, w.n);
-    w.chunk_end = chunk_count(w.seq);
-    w.init = user_initial_state(a, w.n, w.hv);
-    w.final_state = user_final_state(a, w.n, w.hv);
-    if (!chained) return w;
-    const int64_t pieces = piece_count(a, w.seq);
-    w.chunk_begin = j * a.piece_chunks;
-    w.chunk_end = min64(w.chunk_end, (j + 1) * a.piece_chunks);
-    w.link.counter = a.chain_counters + 1 + w.n * a.HV + w.hv;
-    w.link.wait_for = unsigned(j);
-    w.link.signal = j + 1 < pieces;
-    if (j > 0) {
-      w.init.mode = StateSource::kLoad;
-      w.init.ptr = a.piece_states, w.init.dtype = FLASHQLA_DTYPE_FLOAT32;
-      w.init.base = chain_state_base(a, w.n, w.hv);
-      w.init.sx = a.V, w.init.sc = 1;
-    }
-    if (w.link.signal) {
-      w.final_state.ptr = a.piece_states, w.final_state.dtype = FLASHQLA_DTYPE_FLOAT32;
-      w.final_state.base = chain_state_base(a, w.n, w.hv);
-      w.final_state.sx = a.V, w.final_state.sc = 1;
-    }
-    return w;
+  int64_t t = block, j = 0;
+  if (chained && !take_chained_ticket(a, scratch, t, j)) return w;
+  w.valid = true;
+  w.hv = t % a.HV;
+  w.n = sequence_of_rank(a, t / a.HV, scratch);
+  w.seq = sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, w.n);
+  w.chunk_end = chunk_count(w.seq);
+  w.init = user_initial_state(a, w.n, w.hv);
+  w.final_state = user_final_state(a, w.n, w.hv);
+  if (!chained) return w;
+  const int64_t pieces = piece_count(a, w.seq);
+  w.chunk_begin = j * a.piece_chunks;
+  w.chunk_end = min64(w.chunk_end, (j + 1) * a.piece_chunks);
+  w.link.counter = a.chain_counters + 1 + w.n * a.HV + w.hv;
+  w.link.wait_for = unsigned(j);
+  w.link.signal = j + 1 < pieces;
+  if (j > 0) {
+    w.init.mode = StateSource::kLoad;
+    w.init.ptr = a.piece_states, w.init.dtype = FLASHQLA_DTYPE_FLOAT32;
+    w.init.base = chain_state_base(a, w.n, w.hv);
+    w.init.sx = a.V, w.init.sc = 1;
   }
-  const bool partials = a.piece_pass == kPiecePartials;
+  if (w.link.signal) {
+    w.final_state.ptr = a.piece_states, w.final_state.dtype = FLASHQLA_DTYPE_FLOAT32;
+    w.final_state.base = chain_state_base(a, w.n, w.hv);
+    w.final_state.sx = a.V, w.final_state.sc = 1;
+  }
+  return w;
+}
+
+// The two piece passes around the piece scan. The partial pass (two CTAs a piece
+// slot and value head, one a kind): piece 0 in full, o and its end state from
+// the true initial state (the whole sequence and its final state when it is the
+// only piece); pieces 1 .. last − 1 their end state from zero (kPieceLocal) and
+// their transition (kPieceTransition: from the identity with v = 0, stored
+// transposed); the last piece nothing yet. The output pass (a CTA a piece slot
+// and value head): pieces after the first, each from its true start state; the
+// last one writes the final state.
+__device__ __forceinline__ WorkItem piece_pass_item(const ForwardArgs& a, int64_t block, bool partials) {
+  WorkItem w;
   const int kind = partials ? int(block % 2) : kPieceStart;
   const int64_t rest = partials ? block / 2 : block;
   w.hv = rest % a.HV;
@@ -205,10 +210,6 @@ __device__ inline WorkItem resolve_work_item(const ForwardArgs& a, int64_t block
   w.chunk_end = min64(chunk_count(w.seq), (j + 1) * a.piece_chunks);
   const bool last = j == pieces - 1;
   if (partials) {
-    // Piece 0 in full: o, and its end state from the true initial state (the
-    // whole sequence and its final state when it is the only piece). Pieces
-    // 1 .. last − 1: the end state from zero and the transition (from the
-    // identity with v = 0, stored transposed). The last piece: nothing yet.
     w.valid = j == 0 ? kind == kPieceLocal : !last;
     w.write_o = j == 0;
     w.read_v = kind == kPieceLocal;
@@ -227,8 +228,6 @@ __device__ inline WorkItem resolve_work_item(const ForwardArgs& a, int64_t block
     w.final_state.sc = kind == kPieceTransition ? a.K : 1;
     return w;
   }
-  // Outputs: pieces after the first, each from its true start state; the last
-  // one writes the final state.
   w.valid = j > 0;
   w.init.mode = StateSource::kLoad;
   w.init.ptr = a.piece_states;
@@ -236,6 +235,52 @@ __device__ inline WorkItem resolve_work_item(const ForwardArgs& a, int64_t block
   w.init.sx = a.V, w.init.sc = 1;
   if (last) w.final_state = user_final_state(a, w.n, w.hv);
   return w;
+}
+
+struct WholeSequenceScheduler {
+  static int64_t grid_size(const ForwardArgs& a) { return a.N * a.HV; }
+  __device__ static WorkItem item(const ForwardArgs& a, int64_t block, int64_t* scratch) {
+    return sequence_pass_item(a, block, scratch, false);
+  }
+};
+struct ChainedPieceScheduler {
+  static int64_t grid_size(const ForwardArgs& a) { return a.piece_slots * a.HV; }
+  __device__ static WorkItem item(const ForwardArgs& a, int64_t block, int64_t* scratch) {
+    return sequence_pass_item(a, block, scratch, true);
+  }
+};
+struct PiecePartialScheduler {
+  static int64_t grid_size(const ForwardArgs& a) { return a.piece_slots * a.HV * 2; }
+  __device__ static WorkItem item(const ForwardArgs& a, int64_t block, int64_t*) {
+    return piece_pass_item(a, block, true);
+  }
+};
+struct PieceOutputScheduler {
+  static int64_t grid_size(const ForwardArgs& a) { return a.piece_slots * a.HV; }
+  __device__ static WorkItem item(const ForwardArgs& a, int64_t block, int64_t*) {
+    return piece_pass_item(a, block, false);
+  }
+};
+
+// CTAs a launch of a pass needs.
+inline int64_t work_item_count(const ForwardArgs& a) {
+  switch (a.piece_pass) {
+    case kPiecePartials: return PiecePartialScheduler::grid_size(a);
+    case kPieceOutputs: return PieceOutputScheduler::grid_size(a);
+    case kChainedPieces: return ChainedPieceScheduler::grid_size(a);
+    default: return WholeSequenceScheduler::grid_size(a);
+  }
+}
+
+// The work item of CTA `block` in a launch of pass a.piece_pass. All threads of
+// the CTA call it with the same arguments (the whole-sequence ranking and the
+// chained tickets synchronise the CTA). One call site a pair of passes that share
+// their code (the kernel sits at its register limit: four inlined copies cost
+// it spills).
+__device__ __forceinline__ WorkItem resolve_work_item(const ForwardArgs& a, int64_t block, int64_t* scratch) {
+  if (a.piece_pass == kWholeSequences || a.piece_pass == kChainedPieces)
+    return sequence_pass_item(a, block, scratch, a.piece_pass == kChainedPieces);
+  return piece_pass_item(a, block, a.piece_pass == kPiecePartials);
 }
 
 }  // namespace flashqla::cuda
