@@ -52,10 +52,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if (warp >= kStateThreads / 32) {
     ws::set_max_registers<kProducerRegisters, kLaunchRegisters>();
-    float key_products[kChunk];
-    ChunkProducer<Element> producer(s, a, maps, item, key_products, warp - kStateThreads / 32, lane, bos, eos,
-                                    n_chunks);
-    producer.run();
+    run_chunk_producer(s, a, maps, item, warp - kStateThreads / 32, lane, bos, eos, n_chunks);
     return;
   }
 
