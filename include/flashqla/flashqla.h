@@ -289,11 +289,14 @@ typedef struct flashqla_gdn_fwd_kernel_choice_t {
   const char* kernel_name;     /* "cpu_chunked", ..., "sm90_simple" (static) */
   flashqla_fwd_pieces_t pieces;
   int64_t piece_chunks;        /* 64-token chunks a piece; 0 with FLASHQLA_FWD_PIECES_NONE */
-  /* Non-zero when the piece plan was made from the real sequence lengths (or
-   * made none); zero when the fused kernel planned packed sequences without
-   * cu_seqlens_host and took their lengths as equal. Passing cu_seqlens_host
-   * lets the plan see them. */
-  int lengths_known;
+  /* Non-zero when the plan rests on sequence lengths it did not know: the
+   * fused kernel, with fewer (sequence, value head) chains than SMs, decides
+   * whether and where to cut sequences into pieces from their lengths, and
+   * packed sequences without cu_seqlens_host are taken as equal (cut or not,
+   * that plan can be much slower than the one for uneven real lengths).
+   * Passing cu_seqlens_host lets it plan for the real lengths. Zero otherwise
+   * (chained pieces add no work whatever the lengths). */
+  int lengths_guessed;
   /* What flashqla_gdn_fwd_workspace_size() reports for these params. */
   size_t workspace_bytes;
   /* "" for the fused kernel; otherwise why the call does not run it, e.g.

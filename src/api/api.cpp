@@ -43,7 +43,7 @@ void fill_choice(const api::ForwardCall& call, flashqla_gdn_fwd_kernel_choice_t&
   choice.kernel_name = api::kernel_name(call.kernel);
   choice.pieces = call.pieces;
   choice.piece_chunks = call.piece_chunks;
-  choice.lengths_known = call.lengths_known ? 1 : 0;
+  choice.lengths_guessed = call.lengths_guessed ? 1 : 0;
   choice.workspace_bytes = call.workspace_bytes;
   const size_t n = std::min(call.reason.size(), sizeof(choice.reason) - 1);
   std::memcpy(choice.reason, call.reason.data(), n);
@@ -109,12 +109,12 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params) {
     flashqla::check_workspace(entry, call.workspace_bytes, params->workspace, params->workspace_bytes);
     const flashqla::Problem& pr = call.problem;
     FLASHQLA_PLAN("%s: backend=%s B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld N=%lld varlen=%d h0=%d ht=%d "
-                  "kernel=%s pieces=%s piece_chunks=%lld lengths_known=%d workspace=%zu", entry,
+                  "kernel=%s pieces=%s piece_chunks=%lld lengths_guessed=%d workspace=%zu", entry,
                   pr.backend == FLASHQLA_BACKEND_CUDA ? "cuda" : "cpu", (long long)pr.B, (long long)pr.T,
                   (long long)pr.H, (long long)pr.HV, (long long)pr.K, (long long)pr.V, (long long)pr.N,
                   int(pr.varlen), int(pr.has_initial_state), int(pr.output_final_state),
                   flashqla::api::kernel_name(call.kernel), flashqla::api::pieces_name(call.pieces),
-                  (long long)call.piece_chunks, int(call.lengths_known), call.workspace_bytes);
+                  (long long)call.piece_chunks, int(call.lengths_guessed), call.workspace_bytes);
     if (!call.reason.empty()) FLASHQLA_PLAN("%s: not the fused kernel: %s", entry, call.reason.c_str());
     flashqla::api::run_forward(call, *params);
   });

@@ -27,7 +27,7 @@ void plan_cuda_forward(const flashqla_gdn_fwd_params_t& p, const char* entry, Fo
                 : plan.pieces.chained   ? FLASHQLA_FWD_PIECES_CHAINED
                                         : FLASHQLA_FWD_PIECES_PASSES;
   call.piece_chunks = plan.pieces.chunks > 0 ? plan.pieces.chunks : 0;
-  call.lengths_known = plan.lengths_known;
+  call.lengths_guessed = plan.lengths_guessed;
   call.workspace_bytes = plan.workspace_bytes;
 }
 #endif

@@ -25,7 +25,7 @@ struct ForwardCall {
   std::string reason;  // why not the fused kernel ("" when it runs)
   flashqla_fwd_pieces_t pieces = FLASHQLA_FWD_PIECES_NONE;
   int64_t piece_chunks = 0;
-  bool lengths_known = true;
+  bool lengths_guessed = false;
   size_t workspace_bytes = 0;
 #ifdef FLASHQLA_WITH_CUDA
   cuda::ForwardPlan cuda;  // the CUDA backend's plan (CUDA calls only)

@@ -50,7 +50,7 @@ struct ForwardPlan {
   bool fused = false;          // the fused kernel runs it (else the simple kernel)
   std::string reason;          // why not the fused kernel ("" when it runs)
   PiecePlan pieces;            // pieces.chunks == 0: whole sequences
-  bool lengths_known = true;   // false: the cost model took packed sequences' lengths as equal
+  bool lengths_guessed = false;  // the piece passes' cut rests on packed sequences' lengths taken as equal
   PieceWorkspace layout;       // where the pieces' state lives in the workspace (when cut)
   size_t workspace_bytes = 0;  // what the call needs
 };
@@ -59,6 +59,11 @@ struct ForwardPlan {
 // SMs. Sequence pieces (fused kernel only): where the cost model says they pay,
 // from the sequence lengths when the host knows them (no cu_seqlens, one
 // sequence, or a host copy given), as if equal otherwise (sequence_pieces.h).
+// With fewer chains than SMs, whether and where to cut then rests on that guess
+// (on uneven lengths up to 1.9x slower than the plan for the real ones,
+// docs/perf.md): the plan says so (lengths_guessed), whether it cut or not.
+// Chained pieces (at least as many chains as SMs) add no work whatever the
+// lengths and are not flagged.
 inline ForwardPlan make_forward_plan(const Problem& pr, const ForwardArgs& args, int64_t sms,
                                      const PlanSwitches& switches) {
   ForwardPlan plan;
@@ -71,7 +76,8 @@ inline ForwardPlan make_forward_plan(const Problem& pr, const ForwardArgs& args,
     plan.pieces = plan_sequence_pieces(pr.T, pr.N, pr.HV, pr.varlen, host_lengths ? pr.cu_seqlens_host.data() : nullptr,
                                        sms, switches.sequence_parallel, switches.piece_chunks);
     const bool cost_model_ran = sms > 0 && switches.sequence_parallel != 0 && switches.piece_chunks <= 0;
-    plan.lengths_known = !(cost_model_ran && pr.varlen && pr.N > 1 && !host_lengths);
+    plan.lengths_guessed = cost_model_ran && pr.varlen && pr.N > 1 && !host_lengths &&
+                           !chained_pieces(pr.N, pr.HV, sms, switches.sequence_parallel);
   }
   if (plan.pieces.chunks > 0) {
     plan.layout = piece_workspace(pr, plan.pieces);
