@@ -11,9 +11,7 @@ namespace {
 void plan_cpu_forward(const flashqla_gdn_fwd_params_t& p, ForwardCall& call) {
   call.kernel = p.cpu_algorithm == FLASHQLA_CPU_ALGORITHM_RECURRENT ? FLASHQLA_FWD_KERNEL_CPU_RECURRENT
                                                                    : FLASHQLA_FWD_KERNEL_CPU_CHUNKED;
-  call.reason = p.backend == FLASHQLA_BACKEND_CPU
-                    ? "backend CPU was requested: the CPU backend computes the call"
-                    : "the tensors are in host memory: the CPU backend computes the call";
+  call.reason = "the CPU backend computes the call (the fused kernel runs CUDA calls only)";
   call.workspace_bytes = 0;  // the CPU backend keeps its fp64 scratch on the host heap
 }
 

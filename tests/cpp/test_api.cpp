@@ -179,7 +179,7 @@ TEST(Api, KernelChoiceOnTheCpu) {
   EXPECT_EQ(choice.piece_chunks, 0);
   EXPECT_EQ(choice.lengths_guessed, 0);
   EXPECT_EQ(choice.workspace_bytes, 0u);
-  EXPECT_STREQ(choice.reason, "the tensors are in host memory: the CPU backend computes the call");
+  EXPECT_STREQ(choice.reason, "the CPU backend computes the call (the fused kernel runs CUDA calls only)");
   EXPECT_STREQ(flashqla_last_error_message(), "");
 
   p = c.fwd_params(FLASHQLA_CPU_ALGORITHM_RECURRENT);
@@ -187,7 +187,7 @@ TEST(Api, KernelChoiceOnTheCpu) {
   ASSERT_EQ(flashqla_gdn_fwd_kernel_choice(&p, &choice), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
   EXPECT_EQ(choice.kernel, FLASHQLA_FWD_KERNEL_CPU_RECURRENT);
   EXPECT_STREQ(choice.kernel_name, "cpu_recurrent");
-  EXPECT_STREQ(choice.reason, "backend CPU was requested: the CPU backend computes the call");
+  EXPECT_STREQ(choice.reason, "the CPU backend computes the call (the fused kernel runs CUDA calls only)");
 }
 
 // The choice agrees with the kernel name and the workspace query on the same params.
