@@ -237,7 +237,7 @@ flashqla_gdn_fwd_params_t common_params(Tensor& q, Tensor& k, Tensor& v, Tensor&
   p.HV = v.size(2);
   p.V = v.size(3);
   if (cu_seqlens.has_value()) {
-    p.cu_seqlens = describe(*cu_seqlens, "cu_seqlens", 1);
+    p.cu_seqlens = ::describe(*cu_seqlens, "cu_seqlens", 1);  // never copied: judged as given
     p.N = cu_seqlens->size(0) - 1;
     if (cu_seqlens_cpu.has_value()) {
       if (!cu_seqlens_cpu->is_cpu() || cu_seqlens_cpu->scalar_type() != cu_seqlens->scalar_type() ||

@@ -194,7 +194,7 @@ def test_kernel_choice_judges_what_the_forward_passes():
     assert o.shape == x["v"].shape
 
 
-@pytest.mark.parametrize("case", ["K_320", "int_v", "bad_cu_seqlens", "cp_context"])
+@pytest.mark.parametrize("case", ["K_320", "int_v", "bad_cu_seqlens", "strided_cu_seqlens", "cp_context"])
 def test_kernel_choice_refuses_what_the_forward_refuses(case):
     x = make_inputs(cu_seqlens=[0, 30, 100], T=100, H=1, HV=2, K=8, V=8, h0=False)
     if case == "K_320":
@@ -203,6 +203,8 @@ def test_kernel_choice_refuses_what_the_forward_refuses(case):
         x = {**x, "v": x["v"].to(torch.int32)}
     elif case == "bad_cu_seqlens":
         x = {**x, "cu_seqlens": torch.tensor([0, 60, 30], dtype=torch.int32)}
+    elif case == "strided_cu_seqlens":  # never copied, so refused by both
+        x = {**x, "cu_seqlens": torch.tensor([0, 0, 30, 0, 100, 0], dtype=torch.int32)[::2]}
     else:
         x = {**x, "cp_context": object()}
     with pytest.raises(Exception) as forward:
