@@ -4,6 +4,9 @@
 //
 //   flashqla::gdn_fwd  -> (o, final_state)
 //   flashqla::gdn_bwd  -> (dq, dk, dv, dg, dbeta, dh0)
+//   flashqla::gdn_fwd_kernel_choice -> (kernel, pieces, piece_chunks, lengths_guessed,
+//                                       workspace_bytes, reason): what gdn_fwd with the
+//                                       same arguments runs (flashqla_gdn_fwd_kernel_choice)
 //
 // Outputs are allocated here on the inputs' device; final_state / dh0 are fp32
 // (fp64 for fp64 inputs), 0-element when not requested / without an initial state.
@@ -97,9 +100,9 @@ flashqla_dtype_t to_flashqla_dtype(ScalarType t, const char* name) {
     case ScalarType::Long: return FLASHQLA_DTYPE_INT64;
     default: break;
   }
-  raise_invalid(std::string(name) +
-                           ": unsupported dtype (expected float32, float16, bfloat16, float64, "
-                           "or int32/int64 for cu_seqlens)");
+  raise(FLASHQLA_STATUS_NOT_SUPPORTED, std::string(name) +
+                                           ": unsupported dtype (expected float32, float16, bfloat16, float64, "
+                                           "or int32/int64 for cu_seqlens)");
 }
 
 // A tensor as the C API sees it: pointer, dtype and `rank` strides.
@@ -166,16 +169,52 @@ std::optional<Tensor> unit_last_stride(const std::optional<Tensor>& t) {
   return t.has_value() ? std::optional<Tensor>(unit_last_stride(*t)) : std::nullopt;
 }
 
+bool copied_for_unit_last_stride(const Tensor& t) {
+  const int64_t d = t.dim();
+  return d > 0 && t.size(d - 1) > 1 && t.stride(d - 1) != 1;
+}
+
+// The kernel choice judges the tensors the forward hands the C API without
+// making them: a tensor the forward allocates (o, final_state) or copies
+// (unit_last_stride) is described with contiguous strides at the address of a
+// fresh allocation on the same device (`fresh`), which is how the real one lands
+// (the allocators align every block to at least 64 bytes).
+flashqla_tensor_t describe_fresh(const char* name, int64_t rank, const Tensor& fresh,
+                                 const std::vector<int64_t>& shape, ScalarType dtype) {
+  flashqla_tensor_t d{};
+  d.dtype = to_flashqla_dtype(dtype, name);
+  int64_t elements = 1;
+  for (int64_t i = rank - 1; i >= 0; --i) {
+    d.stride[i] = elements;
+    elements *= shape[static_cast<size_t>(i)];
+  }
+  d.data = elements == 0 ? nullptr : fresh.data_ptr();
+  return d;
+}
+
+std::vector<int64_t> sizes_of(const Tensor& t) {
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < t.dim(); ++i) sizes.push_back(t.size(i));
+  return sizes;
+}
+
 // The sizes and inputs shared by forward and backward. Inputs without a unit
-// last stride are replaced by contiguous copies (kept alive by the caller).
+// last stride are replaced by contiguous copies (kept alive by the caller), or,
+// given `fresh` (the kernel choice), described as such copies without making them.
 flashqla_gdn_fwd_params_t common_params(Tensor& q, Tensor& k, Tensor& v, Tensor& g, Tensor& beta,
                                         double scale, std::optional<Tensor>& initial_state,
                                         const std::optional<Tensor>& cu_seqlens,
                                         const std::optional<Tensor>& cu_seqlens_cpu,
                                         bool state_v_first, bool use_qk_l2norm,
-                                        int64_t beta_activation) {
-  for (Tensor* t : {&q, &k, &v, &g, &beta}) *t = unit_last_stride(*t);
-  initial_state = unit_last_stride(initial_state);
+                                        int64_t beta_activation, const Tensor* fresh = nullptr) {
+  if (fresh == nullptr) {
+    for (Tensor* t : {&q, &k, &v, &g, &beta}) *t = unit_last_stride(*t);
+    initial_state = unit_last_stride(initial_state);
+  }
+  auto describe = [fresh](const Tensor& t, const char* name, int64_t rank) {
+    if (fresh == nullptr || t.dim() != rank || !copied_for_unit_last_stride(t)) return ::describe(t, name, rank);
+    return describe_fresh(name, rank, *fresh, sizes_of(t), t.scalar_type());
+  };
   flashqla_gdn_fwd_params_t p;
   flashqla_gdn_fwd_params_init(&p);
   if (q.dim() != 4 || v.dim() != 4) {
@@ -198,7 +237,7 @@ flashqla_gdn_fwd_params_t common_params(Tensor& q, Tensor& k, Tensor& v, Tensor&
   p.HV = v.size(2);
   p.V = v.size(3);
   if (cu_seqlens.has_value()) {
-    p.cu_seqlens = describe(*cu_seqlens, "cu_seqlens", 1);
+    p.cu_seqlens = ::describe(*cu_seqlens, "cu_seqlens", 1);  // never copied: judged as given
     p.N = cu_seqlens->size(0) - 1;
     if (cu_seqlens_cpu.has_value()) {
       if (!cu_seqlens_cpu->is_cpu() || cu_seqlens_cpu->scalar_type() != cu_seqlens->scalar_type() ||
@@ -277,6 +316,35 @@ std::tuple<Tensor, Tensor> gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tenso
   return {o, final_state};
 }
 
+// What gdn_fwd with the same arguments runs: the C API's kernel choice over the
+// tensors gdn_fwd would hand it (inputs it would copy and the outputs it would
+// allocate judged as those fresh contiguous tensors), without running anything,
+// copying anything or synchronising. Returns (kernel name, pieces ("none",
+// "passes", "chained"), chunks a piece, lengths guessed, workspace bytes, why not
+// the fused kernel ("" when it runs)).
+std::tuple<std::string, std::string, int64_t, bool, int64_t, std::string> gdn_fwd_kernel_choice(
+    Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, double scale, std::optional<Tensor> initial_state,
+    std::optional<Tensor> cu_seqlens, std::optional<Tensor> cu_seqlens_cpu, bool output_final_state,
+    bool state_v_first, bool use_qk_l2norm, int64_t beta_activation) {
+  const Tensor fresh = torch::stable::new_empty(q, {1});
+  flashqla_gdn_fwd_params_t p =
+      common_params(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu, state_v_first,
+                    use_qk_l2norm, beta_activation, &fresh);
+  const int64_t N = cu_seqlens.has_value() ? p.N : p.B;
+  p.o = describe_fresh("o", 4, fresh, {p.B, p.T, p.HV, p.V}, q.scalar_type());
+  if (output_final_state) {
+    p.final_state = describe_fresh("final_state", 4, fresh, state_shape(p, N, state_v_first), state_dtype(q));
+    p.output_final_state = 1;
+  }
+  flashqla_gdn_fwd_kernel_choice_t choice;
+  check(flashqla_gdn_fwd_kernel_choice(&p, &choice));
+  const char* pieces = choice.pieces == FLASHQLA_FWD_PIECES_PASSES    ? "passes"
+                       : choice.pieces == FLASHQLA_FWD_PIECES_CHAINED ? "chained"
+                                                                       : "none";
+  return {choice.kernel_name, pieces, choice.piece_chunks, choice.lengths_guessed != 0,
+          static_cast<int64_t>(choice.workspace_bytes), choice.reason};
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> gdn_bwd(
     Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, double scale,
     std::optional<Tensor> initial_state, std::optional<Tensor> cu_seqlens,
@@ -329,6 +397,11 @@ STABLE_TORCH_LIBRARY(flashqla, m) {
       "Tensor? initial_state, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, Tensor do, "
       "Tensor? dht, bool state_v_first, bool use_qk_l2norm, int beta_activation) "
       "-> (Tensor dq, Tensor dk, Tensor dv, Tensor dg, Tensor dbeta, Tensor dh0)");
+  m.def(
+      "gdn_fwd_kernel_choice(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
+      "Tensor? initial_state, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, "
+      "bool output_final_state, bool state_v_first, bool use_qk_l2norm, int beta_activation) "
+      "-> (str kernel, str pieces, int piece_chunks, bool lengths_guessed, int workspace_bytes, str reason)");
 }
 
 // The same functions serve both devices: the C API picks its backend from
@@ -336,9 +409,11 @@ STABLE_TORCH_LIBRARY(flashqla, m) {
 STABLE_TORCH_LIBRARY_IMPL(flashqla, CPU, m) {
   m.impl("gdn_fwd", TORCH_BOX(&gdn_fwd));
   m.impl("gdn_bwd", TORCH_BOX(&gdn_bwd));
+  m.impl("gdn_fwd_kernel_choice", TORCH_BOX(&gdn_fwd_kernel_choice));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
   m.impl("gdn_fwd", TORCH_BOX(&gdn_fwd));
   m.impl("gdn_bwd", TORCH_BOX(&gdn_bwd));
+  m.impl("gdn_fwd_kernel_choice", TORCH_BOX(&gdn_fwd_kernel_choice));
 }

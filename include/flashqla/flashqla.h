@@ -253,11 +253,68 @@ FLASHQLA_API flashqla_status_t flashqla_gdn_bwd(const flashqla_gdn_bwd_params_t*
 FLASHQLA_API flashqla_status_t flashqla_gdn_resolve_backend(
     const flashqla_gdn_fwd_params_t* params, flashqla_backend_t* backend);
 
-/* Name of the kernel a forward call with these params runs (validates the
- * params first; reads no device memory): "cpu_chunked" or "cpu_recurrent" on
- * the CPU backend; on the CUDA backend "sm90_fused" (K = V = 128, bf16/fp16
- * q, k, v and o, 16-byte aligned rows) or "sm90_simple" (every other shape, or
- * FLASHQLA_FORWARD_KERNEL=simple). The string is static. */
+/* The forward kernels. */
+typedef enum flashqla_fwd_kernel_t {
+  /* CPU backend, FLASHQLA_CPU_ALGORITHM_CHUNKED: "cpu_chunked". */
+  FLASHQLA_FWD_KERNEL_CPU_CHUNKED = 0,
+  /* CPU backend, FLASHQLA_CPU_ALGORITHM_RECURRENT: "cpu_recurrent". */
+  FLASHQLA_FWD_KERNEL_CPU_RECURRENT = 1,
+  /* CUDA backend, the tensor-core kernel (the fast one): "sm90_fused". */
+  FLASHQLA_FWD_KERNEL_SM90_FUSED = 2,
+  /* CUDA backend, every call the fused kernel does not cover: "sm90_simple". */
+  FLASHQLA_FWD_KERNEL_SM90_SIMPLE = 3
+} flashqla_fwd_kernel_t;
+
+/* How the fused kernel spreads the (sequence, value head) chains over the GPU
+ * (exact intra-card sequence parallelism). */
+typedef enum flashqla_fwd_pieces_t {
+  /* Whole sequences: one chain a CTA (and every kernel but the fused one). */
+  FLASHQLA_FWD_PIECES_NONE = 0,
+  /* Sequences cut into pieces, run in two passes with a scan between them
+   * (fewer chains than SMs). */
+  FLASHQLA_FWD_PIECES_PASSES = 1,
+  /* Sequences cut into pieces chained in one launch (at least as many chains
+   * as SMs). */
+  FLASHQLA_FWD_PIECES_CHAINED = 2
+} flashqla_fwd_pieces_t;
+
+/* Capacity of flashqla_gdn_fwd_kernel_choice_t::reason, terminating NUL included. */
+#define FLASHQLA_REASON_CAPACITY 256
+
+/* What a forward call with given params runs: filled by
+ * flashqla_gdn_fwd_kernel_choice(). */
+typedef struct flashqla_gdn_fwd_kernel_choice_t {
+  flashqla_backend_t backend;  /* the backend the params resolve to (never AUTO) */
+  flashqla_fwd_kernel_t kernel;
+  const char* kernel_name;     /* "cpu_chunked", ..., "sm90_simple" (static) */
+  flashqla_fwd_pieces_t pieces;
+  int64_t piece_chunks;        /* 64-token chunks a piece; 0 with FLASHQLA_FWD_PIECES_NONE */
+  /* Non-zero when the plan rests on sequence lengths it did not know: the
+   * fused kernel, with fewer (sequence, value head) chains than SMs, decides
+   * whether and where to cut sequences into pieces from their lengths, and
+   * packed sequences without cu_seqlens_host are taken as equal (cut or not,
+   * that plan can be much slower than the one for uneven real lengths).
+   * Passing cu_seqlens_host lets it plan for the real lengths. Zero otherwise
+   * (chained pieces add no work whatever the lengths). */
+  int lengths_guessed;
+  /* What flashqla_gdn_fwd_workspace_size() reports for these params. */
+  size_t workspace_bytes;
+  /* "" for the fused kernel; otherwise why the call does not run it, e.g.
+   * "K = 64: the fused kernel needs K = V = 128" (truncated to fit). */
+  char reason[FLASHQLA_REASON_CAPACITY];
+} flashqla_gdn_fwd_kernel_choice_t;
+
+/* Which kernel a forward call with these params runs, how, and why not the
+ * fused kernel when it does not. Validates the params as flashqla_gdn_fwd()
+ * does (pointers included: their alignment is judged, so pass the tensors the
+ * call will get; the workspace is not checked) and fails where it would fail
+ * before any work (a CUDA call on a GPU other than sm_90, q, k and v in
+ * different dtypes on CUDA). Cheap: reads no device memory, never synchronises
+ * and launches nothing. */
+FLASHQLA_API flashqla_status_t flashqla_gdn_fwd_kernel_choice(
+    const flashqla_gdn_fwd_params_t* params, flashqla_gdn_fwd_kernel_choice_t* choice);
+
+/* The kernel_name of flashqla_gdn_fwd_kernel_choice() (same checks). */
 FLASHQLA_API flashqla_status_t flashqla_gdn_fwd_kernel_name(
     const flashqla_gdn_fwd_params_t* params, const char** name);
 

@@ -14,9 +14,11 @@ import warnings as _warnings
 
 from . import ops  # noqa: F401  (loads the binding, registers fake impls and autograd)
 from .gated_delta_rule import (
+    KernelChoice,
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_bwd,
     chunk_gated_delta_rule_fwd,
+    kernel_choice,
 )
 
 __version__ = "0.1.0"
@@ -25,6 +27,8 @@ __all__ = [
     "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_fwd",
     "chunk_gated_delta_rule_bwd",
+    "kernel_choice",
+    "KernelChoice",
     "__version__",
 ]
 

@@ -1,6 +1,7 @@
 """Loads the compiled binding (``libflashqla_torch``) into torch's op registry.
 
-The binding registers ``torch.ops.flashqla.gdn_fwd`` and ``gdn_bwd`` through
+The binding registers ``torch.ops.flashqla.gdn_fwd``, ``gdn_bwd`` and
+``gdn_fwd_kernel_choice`` through
 PyTorch's stable ABI. It lives in ``flashqla/_lib`` next to ``libflashqla``;
 ``FLASHQLA_TORCH_LIBRARY`` may point at another build of it.
 """
@@ -28,7 +29,7 @@ def _binding_path() -> Path:
 
 
 def load() -> None:
-    if hasattr(torch.ops, "flashqla") and hasattr(torch.ops.flashqla, "gdn_fwd"):
+    if hasattr(torch.ops, "flashqla") and hasattr(torch.ops.flashqla, "gdn_fwd_kernel_choice"):
         return
     torch.ops.load_library(str(_binding_path()))
 
@@ -36,17 +37,17 @@ def load() -> None:
 load()
 
 # What the CUDA backend of this version computes. The forward runs on every
-# supported shape (the fused sm_90a kernel for K = V = 128 in bf16/fp16, the
-# simple one elsewhere); the backward is not there yet, so CUDA inputs that
-# require gradients are refused with NotImplementedError. Nothing is ever
-# computed on the CPU for CUDA tensors.
+# supported shape (the fused sm_90a kernel where it covers the call, the simple
+# one elsewhere: flashqla.kernel_choice() tells which, and why); the backward is
+# not there yet, so CUDA inputs that require gradients are refused with
+# NotImplementedError. Nothing is ever computed on the CPU for CUDA tensors.
 CUDA_FORWARD_AVAILABLE = True
 CUDA_BACKWARD_AVAILABLE = False
 # Whether the FLA backend may take CUDA calls at all: flashqla's forward beats
 # FLA's own kernels on every published shape in the same run (v3.9,
-# benchmarks/results/h200.csv; docs/perf.md). Even then it takes only the fused
-# kernel's calls on sm_90 (fla_backend._cuda_refusal), so FLA's users never get
-# a slower path through dispatch.
+# benchmarks/results/h200.csv; docs/perf.md). Even then it takes only the calls
+# the core's kernel choice gives the fused kernel, on sm_90 (fla_backend._cuda_refusal),
+# so FLA's users never get a slower path through dispatch.
 CUDA_FORWARD_BEATS_FLA = True
 # Whether it also takes calls with FLA's fused gate (use_gate_in_kernel, A_log, dt_bias:
 # what FLA's GatedDeltaNet layer passes). flashqla computes that gate in fp32 before

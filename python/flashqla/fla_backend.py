@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import warnings
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -68,44 +68,35 @@ def _split(own_names: list[str], bound: dict[str, Any]) -> tuple[dict[str, Any],
     return named, rest
 
 
-def _cuda_refusal(q, k, v, use_gate_in_kernel: bool, capability: tuple[int, int], cu_seqlens=None,
-                  cu_seqlens_cpu=None, sm_count: int = 132) -> str | None:
+def _cuda_refusal(choose: Callable[[], _gdr.KernelChoice], use_gate_in_kernel: bool,
+                  capability: tuple[int, int]) -> str | None:
     """Why FLA's dispatch keeps a CUDA call that flashqla could compute (None: flashqla
-    takes it). flashqla takes only what it has been measured faster than FLA on: calls
-    the fused sm_90a kernel runs (K = V = 128; q, k and v alike in bfloat16 or float16;
-    16-byte aligned rows — the conditions of ``src/cuda/fused_forward_support.h``), on an
-    sm_90 GPU, with the gate computed outside (``benchmarks/results/h200.csv``) or fused
-    as FLA's GatedDeltaNet passes it (``use_gate_in_kernel``: flashqla computes the gate
-    in fp32 before its kernel; measured with ``bench_fwd.py --fused-gate``, docs/perf.md). Shapes
-    the simpler kernel runs stay with FLA, whose kernels are faster there, and so do
-    packed batches of several sequences with fewer (sequence, value head) chains than
-    SMs when the host does not know the lengths (no ``cu_seqlens_cpu``): the piece plan
-    then takes the lengths as equal, and on uneven pairs at 24 heads that was slower
-    than FLA (``bench_fwd.py --no-host-lengths``, docs/perf.md)."""
+    takes it). Policy only: which kernel runs the call, and how, is the core's answer
+    (``choose()``: the C API's kernel choice for the call, ``flashqla.kernel_choice``),
+    never re-derived here. flashqla takes only what it has been measured faster than FLA
+    on: calls the fused sm_90a kernel runs, on an sm_90 GPU, with the gate computed
+    outside (``benchmarks/results/h200.csv``) or fused as FLA's GatedDeltaNet passes it
+    (``use_gate_in_kernel``: flashqla computes the gate in fp32 before its kernel;
+    measured with ``bench_fwd.py --fused-gate``, docs/perf.md). Calls the simple kernel
+    runs stay with FLA, whose kernels are faster there, with the core's reason; so do
+    calls whose sequence-piece plan rests on lengths the host does not know (packed
+    sequences without ``cu_seqlens_cpu``, few chains: the plan takes the lengths as
+    equal, and on uneven pairs at 24 heads that was slower than FLA,
+    ``bench_fwd.py --no-host-lengths``, docs/perf.md)."""
     if not _library.CUDA_FORWARD_BEATS_FLA:
         return ("its sm_90a forward is not yet faster than FLA's own kernels on every published shape "
                 "(see flashqla's docs/perf.md)")
     if tuple(capability) != (9, 0):
         return f"its CUDA kernels are for sm_90 (H100/H200); this GPU is sm_{capability[0]}{capability[1]}"
-    K, V = q.shape[-1], v.shape[-1]
-    if K != 128 or V != 128:
-        return f"its fast path has K = V = 128 (got K={K}, V={V}); FLA is faster on other head sizes"
-    if q.dtype not in (torch.bfloat16, torch.float16) or k.dtype != q.dtype or v.dtype != q.dtype:
-        return (f"its fast path takes q, k and v in one dtype, bfloat16 or float16 (got {q.dtype}, {k.dtype}, "
-                f"{v.dtype})")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.shape[-1] > 1 and x.stride(-1) != 1:
-            continue  # the binding copies it into a contiguous tensor (as FLA copies every input)
-        if x.data_ptr() % 16 != 0 or any(n > 1 and (s <= 0 or s % 8 != 0)
-                                         for n, s in zip(x.shape[:-1], x.stride()[:-1])):
-            return f"its fast path needs 16-byte aligned rows of {name} (base and strides; got strides {x.stride()})"
+    choice = choose()
+    if choice.kernel != "sm90_fused":
+        return (f"its fast kernel does not run this call ({choice.reason}); FLA is faster than its "
+                f"{choice.kernel} kernel")
     if use_gate_in_kernel and not _library.CUDA_FUSED_GATE_BEATS_FLA:
         return "its fused-gate path (use_gate_in_kernel) is not faster than FLA's on every published shape"
-    if cu_seqlens is not None and cu_seqlens_cpu is None:
-        sequences = cu_seqlens.shape[0] - 1
-        if sequences > 1 and sequences * v.shape[-2] < sm_count:
-            return ("without cu_seqlens_cpu it cannot plan sequence pieces for uneven lengths; pass "
-                    "cu_seqlens_cpu (a CPU copy of cu_seqlens)")
+    if choice.lengths_guessed:
+        return ("without cu_seqlens_cpu it plans sequence pieces for these packed sequences as if their lengths "
+                "were equal; pass cu_seqlens_cpu (a CPU copy of cu_seqlens)")
     return None
 
 
@@ -171,22 +162,27 @@ def _make_backend(BaseBackend):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 try:
-                    _gdr._prepare(call["q"], call["k"], call["v"], call["g"], call["beta"], call["scale"],
-                                  call["initial_state"], call["output_final_state"],
-                                  call["use_qk_l2norm_in_kernel"], call["use_beta_sigmoid_in_kernel"],
-                                  call["allow_neg_eigval"], call["state_v_first"], call["cu_seqlens"],
-                                  call["cu_seqlens_cpu"], call["chunk_indices"], call["cp_context"], rest,
-                                  resolve_gate=False)
+                    c = _gdr._prepare(call["q"], call["k"], call["v"], call["g"], call["beta"], call["scale"],
+                                      call["initial_state"], call["output_final_state"],
+                                      call["use_qk_l2norm_in_kernel"], call["use_beta_sigmoid_in_kernel"],
+                                      call["allow_neg_eigval"], call["state_v_first"], call["cu_seqlens"],
+                                      call["cu_seqlens_cpu"], call["chunk_indices"], call["cp_context"], rest,
+                                      resolve_gate=False)
+                    # The core's kernel choice validates the call as the forward does (head sizes,
+                    # dtypes, cu_seqlens contents readable on the host), so what the call would
+                    # refuse is declined with the core's message; on CUDA it also says which
+                    # kernel runs the call, which the policy reads.
+                    if c.q.is_cuda:
+                        refusal = _cuda_refusal(lambda: _gdr._kernel_choice(c),
+                                                bool(rest.get("use_gate_in_kernel", False)),
+                                                torch.cuda.get_device_capability(c.q.device))
+                    else:
+                        _gdr._kernel_choice(c)
+                        refusal = None
                 except Exception as e:  # noqa: BLE001 - every refusal becomes FLA's "declined" reason
                     return False, f"flashqla declines: {type(e).__name__}: {e}"
-            q = call["q"]
-            if q.is_cuda:
-                refusal = _cuda_refusal(q, call["k"], call["v"], bool(rest.get("use_gate_in_kernel", False)),
-                                        torch.cuda.get_device_capability(q.device), call["cu_seqlens"],
-                                        call["cu_seqlens_cpu"],
-                                        torch.cuda.get_device_properties(q.device).multi_processor_count)
-                if refusal is not None:
-                    return False, f"flashqla declines: {refusal}"
+            if refusal is not None:
+                return False, f"flashqla declines: {refusal}"
             return True, None
 
         def chunk_gated_delta_rule(self, *args, **kwargs):

@@ -18,7 +18,7 @@ import math
 import numbers
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -28,9 +28,6 @@ from ._errors import call_op
 
 _log = logging.getLogger("flashqla")
 _ignored_keywords: set[str] = set()
-
-_TOKEN_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
-_MAX_HEAD_DIM = 256
 
 
 @dataclass
@@ -119,12 +116,9 @@ def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
         if tuple(x.shape) != (B, T, HV):
             raise ValueError(f"flashqla: {name} must have shape [B, T, HV] = {[B, T, HV]}, "
                              f"got {list(getattr(x, 'shape', []))}")
-    if K > _MAX_HEAD_DIM or V > _MAX_HEAD_DIM:
-        raise NotImplementedError(f"flashqla: head dims up to {_MAX_HEAD_DIM} are supported, got K={K}, V={V}")
+    # Head sizes and dtypes are the core's to judge (its validation, through the op or
+    # kernel_choice); only what the op cannot see is checked here.
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if x.dtype not in _TOKEN_DTYPES:
-            raise NotImplementedError(f"flashqla: {name} has dtype {x.dtype}; supported: bfloat16, float16, "
-                                      f"float32 (float64 on CPU)")
         if x.device != q.device:
             raise ValueError(f"flashqla: {name} is on {x.device} but q is on {q.device}")
     N = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -288,6 +282,63 @@ def chunk_gated_delta_rule(
                              c.cu_seqlens_cpu, c.output_final_state, c.state_v_first, c.use_qk_l2norm,
                              c.beta_activation)
     return o, (final_state if c.output_final_state else None)
+
+
+class KernelChoice(NamedTuple):
+    """What flashqla's forward runs for a call: the C API's ``flashqla_gdn_fwd_kernel_choice``
+    over the tensors the forward op would hand it."""
+
+    kernel: str            # "cpu_chunked", "cpu_recurrent", "sm90_fused" (the fast one), "sm90_simple"
+    pieces: str            # sequence pieces of the fused kernel: "none", "passes" or "chained"
+    piece_chunks: int      # 64-token chunks a piece (0: whole sequences)
+    lengths_guessed: bool  # the plan took packed sequences' lengths as equal (no cu_seqlens_cpu)
+    workspace_bytes: int   # the workspace the forward allocates
+    reason: str            # why not the fused kernel ("" when it runs)
+
+    @property
+    def uses_pieces(self) -> bool:
+        return self.pieces != "none"
+
+
+@torch.compiler.disable
+def _kernel_choice(c: _Call) -> KernelChoice:
+    """The kernel choice of a prepared call (the forward's own arguments, so the binding
+    judges the tensors it would hand the kernel). Never traced: it reads pointers."""
+    return KernelChoice(*call_op(ops.gdn_fwd_kernel_choice, c.q, c.k, c.v, c.g, c.beta, c.scale, c.initial_state,
+                                 c.cu_seqlens, c.cu_seqlens_cpu, c.output_final_state, c.state_v_first,
+                                 c.use_qk_l2norm, c.beta_activation))
+
+
+def kernel_choice(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: Optional[float] = None,
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
+    chunk_indices: Optional[torch.Tensor] = None,
+    cp_context: Any = None,
+    **kwargs: Any,
+) -> KernelChoice:
+    """Which kernel ``chunk_gated_delta_rule`` with these arguments runs, and why not the
+    fused sm_90a kernel when it does not (the core's own rules: head sizes, dtypes,
+    alignment and strides of the tensors as the call would pass them, the sequence-piece
+    plan). Same arguments as ``chunk_gated_delta_rule``; raises what it would raise on
+    invalid or unsupported input. Computes nothing, copies nothing and never synchronises
+    (with FLA's fused gate the raw gate stands for the computed one: the choice does not
+    depend on it)."""
+    c = _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                 use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu,
+                 chunk_indices, cp_context, kwargs, resolve_gate=False)
+    return _kernel_choice(c)
 
 
 def _beta_activation(use_beta_sigmoid_in_kernel: bool, allow_neg_eigval: bool) -> int:

@@ -2,8 +2,9 @@
 
 ``torch.ops.flashqla.gdn_fwd(q, k, v, g, beta, scale, initial_state, cu_seqlens,
 cu_seqlens_cpu, output_final_state, state_v_first, use_qk_l2norm, beta_activation)
--> (o, final_state)`` and ``torch.ops.flashqla.gdn_bwd(...) -> (dq, dk, dv, dg, dbeta,
-dh0)`` are defined in C++ (``binding/torch/gdn_ops.cpp``). This module adds only what
+-> (o, final_state)``, ``torch.ops.flashqla.gdn_bwd(...) -> (dq, dk, dv, dg, dbeta,
+dh0)`` and ``torch.ops.flashqla.gdn_fwd_kernel_choice`` (the forward's arguments ->
+what it runs) are defined in C++ (``binding/torch/gdn_ops.cpp``). This module adds only what
 torch.compile and autograd need: output shapes for fake tensors, and the backward
 formula (which is the ``gdn_bwd`` op itself: it recomputes the states from the inputs).
 """
@@ -22,6 +23,11 @@ BETA_SIGMOID_X2 = 2
 
 gdn_fwd = torch.ops.flashqla.gdn_fwd.default
 gdn_bwd = torch.ops.flashqla.gdn_bwd.default
+# (q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
+# state_v_first, use_qk_l2norm, beta_activation) -> (kernel, pieces, piece_chunks,
+# lengths_guessed, workspace_bytes, reason): what gdn_fwd with the same arguments runs, from
+# the C API's flashqla_gdn_fwd_kernel_choice (computes, copies and synchronises nothing).
+gdn_fwd_kernel_choice = torch.ops.flashqla.gdn_fwd_kernel_choice.default
 
 
 def _state_shape(q, v, n, state_v_first):

@@ -1,7 +1,7 @@
 // Internal error type and the thread-local "last error" behind
 // flashqla_last_error_message(). Errors are C++ exceptions inside the
 // library and become a status plus a message at the C API boundary
-// (see api.cpp); nothing escapes an extern "C" function.
+// (see api/api.cpp); nothing escapes an extern "C" function.
 #pragma once
 
 #include <sstream>

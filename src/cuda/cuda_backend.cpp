@@ -8,10 +8,9 @@
 #include <cstring>
 #include <string>
 
+#include "core/dtype.h"
 #include "core/error.h"
-#include "cuda/fused_forward_support.h"
 #include "cuda/sm90/cu_seqlens_check_sm90.h"
-#include "cuda/sequence_pieces.h"
 #include "cuda/sm90/gdn_fwd_fused_sm90.h"
 #include "cuda/sm90/gdn_fwd_chain_tickets_sm90.h"
 #include "cuda/sm90/gdn_fwd_piece_scan_sm90.h"
@@ -19,10 +18,6 @@
 
 namespace flashqla::cuda {
 namespace {
-
-// Bytes of workspace the debug check of cu_seqlens uses (one result word,
-// padded to an alignment every later workspace user can build on).
-constexpr size_t kCuSeqlensCheckBytes = 256;
 
 void check_cuda(cudaError_t err, const char* entry, const char* what) {
   if (err != cudaSuccess) {
@@ -124,8 +119,6 @@ ForwardArgs forward_args(const Problem& pr, const flashqla_gdn_fwd_params_t& p) 
   return a;
 }
 
-bool use_fused_forward(const ForwardArgs& args) { return fused_forward_supports(args) && !simple_forward_forced(); }
-
 // --- intra-card sequence parallelism (fused kernel) ----------------------------
 // With fewer (sequence, value head) chains than SMs, sequences may be cut into
 // pieces (sequence_pieces.h): by default where the cost model says that pays,
@@ -140,6 +133,14 @@ int64_t env_int(const char* name, int64_t fallback) {
   return v != nullptr && *v != '\0' ? std::strtoll(v, nullptr, 10) : fallback;
 }
 
+PlanSwitches plan_switches() {
+  PlanSwitches s;
+  s.force_simple = simple_forward_forced();
+  s.sequence_parallel = static_cast<int>(env_int("FLASHQLA_SEQUENCE_PARALLEL", -1));
+  s.piece_chunks = env_int("FLASHQLA_PIECE_CHUNKS", 0);
+  return s;
+}
+
 int sm_count() {
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -150,77 +151,44 @@ int sm_count() {
   return sms;
 }
 
-PiecePlan plan_pieces(const Problem& pr, const ForwardArgs& args) {
-  if (!use_fused_forward(args)) return {};
-  const int mode = static_cast<int>(env_int("FLASHQLA_SEQUENCE_PARALLEL", -1));  // -1: by default
-  const int64_t* cu = pr.varlen && !pr.cu_seqlens_host.empty() ? pr.cu_seqlens_host.data() : nullptr;
-  return plan_sequence_pieces(pr.T, pr.N, pr.HV, pr.varlen, cu, sm_count(), mode,
-                              env_int("FLASHQLA_PIECE_CHUNKS", 0));
-}
-
-// The pieces' workspace after the debug check word: the states (piece passes:
-// kPieceStateKinds a piece slot and value head; chained pieces: one a chain),
-// then, for chained pieces, the ticket table and the ticket and chain counters.
-struct PieceWorkspace {
-  size_t states = 0, tickets = 0, counters = 0, end = 0;  // byte offsets from the workspace's start
-};
-PieceWorkspace piece_workspace(const Problem& pr, const PiecePlan& plan) {
-  PieceWorkspace w;
-  const int64_t states = plan.chained ? pr.N * pr.HV : plan.slots * pr.HV * kPieceStateKinds;
-  w.states = kCuSeqlensCheckBytes;
-  w.tickets = w.states + static_cast<size_t>(states * pr.K * pr.V) * sizeof(float);
-  w.counters = w.tickets + (plan.chained ? static_cast<size_t>(plan.slots * pr.HV) * sizeof(int2) : 0);
-  w.end = w.counters + (plan.chained ? static_cast<size_t>(1 + pr.N * pr.HV) * sizeof(unsigned) : 0);
-  return w;
-}
-
 // q, k and v share one dtype on the GPU (the kernels load them alike).
 void require_shared_token_dtype(const flashqla_gdn_fwd_params_t& p, const char* entry) {
   if (p.k.dtype != p.q.dtype || p.v.dtype != p.q.dtype) {
     fail(FLASHQLA_STATUS_NOT_SUPPORTED,
-         str(entry, ": q, k and v must share one dtype on the CUDA backend (got ", int(p.q.dtype), ", ",
-             int(p.k.dtype), ", ", int(p.v.dtype), ")"));
+         str(entry, ": q, k and v must share one dtype on the CUDA backend (got ", dtype_name(p.q.dtype), ", ",
+             dtype_name(p.k.dtype), ", ", dtype_name(p.v.dtype), ")"));
   }
 }
 
 }  // namespace
 
-size_t forward_workspace_bytes(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
-  const PiecePlan plan = plan_pieces(pr, forward_args(pr, p));
-  if (plan.chunks > 0) return piece_workspace(pr, plan).end;
-  return pr.debug_check_cu_seqlens ? kCuSeqlensCheckBytes : 0;
+ForwardPlan plan_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p, const char* entry) {
+  require_sm90(entry);
+  require_shared_token_dtype(p, entry);
+  return make_forward_plan(pr, forward_args(pr, p), sm_count(), plan_switches());
 }
 
 size_t backward_workspace_bytes(const Problem& pr, const flashqla_gdn_bwd_params_t&) {
   return pr.debug_check_cu_seqlens ? kCuSeqlensCheckBytes : 0;
 }
 
-const char* forward_kernel_name(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
-  require_shared_token_dtype(p, "flashqla_gdn_fwd_kernel_name");
-  return use_fused_forward(forward_args(pr, p)) ? "sm90_fused" : "sm90_simple";
-}
-
-void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
+void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p, const ForwardPlan& plan) {
   constexpr const char* entry = "flashqla_gdn_fwd";
-  require_sm90(entry);
   if (pr.debug_check_cu_seqlens) debug_check_cu_seqlens(p, pr, entry);
-  require_shared_token_dtype(p, entry);
-  ForwardArgs args = forward_args(pr, p);
-  const PiecePlan plan = plan_pieces(pr, args);
-  if (plan.chunks > 0) {
+  ForwardArgs args = plan.args;
+  if (plan.pieces.chunks > 0) {
     if (reinterpret_cast<uintptr_t>(p.workspace) % 16 != 0) {
       fail(FLASHQLA_STATUS_INVALID_ARGUMENT,
            str(entry, ": workspace: must be 16-byte aligned (it holds the sequence pieces' states)"));
     }
-    args.piece_chunks = plan.chunks;
-    args.piece_slots = plan.slots;
+    args.piece_chunks = plan.pieces.chunks;
+    args.piece_slots = plan.pieces.slots;
     unsigned char* const ws = static_cast<unsigned char*>(p.workspace);
-    const PieceWorkspace layout = piece_workspace(pr, plan);
-    args.piece_states = reinterpret_cast<float*>(ws + layout.states);
-    if (plan.chained) {
+    args.piece_states = reinterpret_cast<float*>(ws + plan.layout.states);
+    if (plan.pieces.chained) {
       // The ticket table and zeroed counters, then one launch of the pieces.
-      args.chain_tickets = reinterpret_cast<int2*>(ws + layout.tickets);
-      args.chain_counters = reinterpret_cast<unsigned*>(ws + layout.counters);
+      args.chain_tickets = reinterpret_cast<int2*>(ws + plan.layout.tickets);
+      args.chain_counters = reinterpret_cast<unsigned*>(ws + plan.layout.counters);
       args.piece_pass = kChainedPieces;
       check_cuda(launch_gdn_fwd_chain_tickets(args, p.stream), entry, "chained pieces' ticket table launch");
       check_cuda(launch_gdn_fwd_fused(args, p.stream), entry, "fused forward kernel launch (chained pieces)");
@@ -232,7 +200,7 @@ void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
     check_cuda(launch_gdn_fwd_piece_scan(args, p.stream), entry, "piece scan launch");
     args.piece_pass = kPieceOutputs;
     check_cuda(launch_gdn_fwd_fused(args, p.stream), entry, "fused forward kernel launch (piece outputs)");
-  } else if (use_fused_forward(args)) {
+  } else if (plan.fused) {
     check_cuda(launch_gdn_fwd_fused(args, p.stream), entry, "fused forward kernel launch");
   } else {
     check_cuda(launch_gdn_fwd_simple(args, p.stream), entry, "simple forward kernel launch");

@@ -190,6 +190,12 @@ inline int64_t best_piece_chunks(const int64_t* chunks, int64_t n, int64_t HV, i
   return best;
 }
 
+// Whether the plan for N sequences of HV value heads on `sms` SMs chains its
+// pieces (at least as many chains as SMs, or mode 2) rather than running them in
+// two passes. Chained pieces add no work whatever the sequence lengths; the piece
+// passes' cut rests on them.
+inline bool chained_pieces(int64_t N, int64_t HV, int64_t sms, int mode) { return mode == 2 || N * HV >= sms; }
+
 // The plan for N sequences (varlen: T tokens in total, lengths from
 // `cu_seqlens_host` when given — N + 1 token offsets — otherwise taken as equal;
 // not varlen: T tokens each) and HV value heads on a GPU with `sms` SMs.
@@ -202,7 +208,7 @@ inline int64_t best_piece_chunks(const int64_t* chunks, int64_t n, int64_t HV, i
 inline PiecePlan plan_sequence_pieces(int64_t T, int64_t N, int64_t HV, bool varlen, const int64_t* cu_seqlens_host,
                                       int64_t sms, int mode, int64_t forced_chunks) {
   if (sms <= 0 || N <= 0 || HV <= 0 || mode == 0) return {};
-  const bool chained = mode == 2 || N * HV >= sms;
+  const bool chained = chained_pieces(N, HV, sms, mode);
   // Chained pieces rank varlen sequences on the device (work_scheduler.cuh).
   if (chained && varlen && N > kMaxRankedSequences) return {};
   const int64_t longest = (T + kPieceChunkTokens - 1) / kPieceChunkTokens;  // the longest possible sequence

@@ -163,6 +163,87 @@ TEST(Api, KernelNameNamesTheCpuAlgorithm) {
   EXPECT_EQ(flashqla_gdn_fwd_kernel_name(&p, &name), FLASHQLA_STATUS_INVALID_ARGUMENT);
 }
 
+// The kernel choice on the CPU backend: the algorithm asked for, no pieces, no
+// workspace, and why the fused kernel does not run the call.
+TEST(Api, KernelChoiceOnTheCpu) {
+  GdnCase c = small_case();
+  flashqla_gdn_fwd_params_t p = c.fwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
+  p.backend = FLASHQLA_BACKEND_AUTO;
+  flashqla_gdn_fwd_kernel_choice_t choice;
+  std::memset(&choice, 0x5a, sizeof(choice));  // every field is written
+  ASSERT_EQ(flashqla_gdn_fwd_kernel_choice(&p, &choice), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+  EXPECT_EQ(choice.backend, FLASHQLA_BACKEND_CPU);
+  EXPECT_EQ(choice.kernel, FLASHQLA_FWD_KERNEL_CPU_CHUNKED);
+  EXPECT_STREQ(choice.kernel_name, "cpu_chunked");
+  EXPECT_EQ(choice.pieces, FLASHQLA_FWD_PIECES_NONE);
+  EXPECT_EQ(choice.piece_chunks, 0);
+  EXPECT_EQ(choice.lengths_guessed, 0);
+  EXPECT_EQ(choice.workspace_bytes, 0u);
+  EXPECT_STREQ(choice.reason, "the CPU backend computes the call (the fused kernel runs CUDA calls only)");
+  EXPECT_STREQ(flashqla_last_error_message(), "");
+
+  p = c.fwd_params(FLASHQLA_CPU_ALGORITHM_RECURRENT);
+  p.backend = FLASHQLA_BACKEND_CPU;
+  ASSERT_EQ(flashqla_gdn_fwd_kernel_choice(&p, &choice), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+  EXPECT_EQ(choice.kernel, FLASHQLA_FWD_KERNEL_CPU_RECURRENT);
+  EXPECT_STREQ(choice.kernel_name, "cpu_recurrent");
+  EXPECT_STREQ(choice.reason, "the CPU backend computes the call (the fused kernel runs CUDA calls only)");
+}
+
+// The choice agrees with the kernel name and the workspace query on the same params.
+TEST(Api, KernelChoiceAgreesWithKernelNameAndWorkspace) {
+  GdnCase c = small_case();
+  for (auto algorithm : {FLASHQLA_CPU_ALGORITHM_CHUNKED, FLASHQLA_CPU_ALGORITHM_RECURRENT}) {
+    flashqla_gdn_fwd_params_t p = c.fwd_params(algorithm);
+    flashqla_gdn_fwd_kernel_choice_t choice{};
+    const char* name = nullptr;
+    size_t bytes = 1;
+    ASSERT_EQ(flashqla_gdn_fwd_kernel_choice(&p, &choice), FLASHQLA_STATUS_SUCCESS);
+    ASSERT_EQ(flashqla_gdn_fwd_kernel_name(&p, &name), FLASHQLA_STATUS_SUCCESS);
+    ASSERT_EQ(flashqla_gdn_fwd_workspace_size(&p, &bytes), FLASHQLA_STATUS_SUCCESS);
+    EXPECT_EQ(choice.kernel_name, name);  // the same static string
+    EXPECT_EQ(choice.workspace_bytes, bytes);
+  }
+}
+
+// The choice validates as the forward does: what the forward rejects, it rejects
+// with the same status and message (under its own name).
+TEST(Api, KernelChoiceValidatesLikeTheForward) {
+  GdnCase c = small_case();
+  flashqla_gdn_fwd_kernel_choice_t choice{};
+  flashqla_gdn_fwd_params_t p = c.fwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
+  EXPECT_EQ(flashqla_gdn_fwd_kernel_choice(&p, nullptr), FLASHQLA_STATUS_INVALID_ARGUMENT);
+  EXPECT_THAT(flashqla_last_error_message(), HasSubstr("flashqla_gdn_fwd_kernel_choice: choice: pointer is NULL"));
+  EXPECT_EQ(flashqla_gdn_fwd_kernel_choice(nullptr, &choice), FLASHQLA_STATUS_INVALID_ARGUMENT);
+  EXPECT_THAT(flashqla_last_error_message(), HasSubstr("flashqla_gdn_fwd_kernel_choice: params"));
+
+  struct Break {
+    const char* what;
+    void (*apply)(flashqla_gdn_fwd_params_t&);
+  };
+  const Break breaks[] = {
+      {"o: pointer is NULL", [](flashqla_gdn_fwd_params_t& q) { q.o.data = nullptr; }},
+      {"K: key head dim", [](flashqla_gdn_fwd_params_t& q) { q.K = 300; }},
+      {"q.stride[3]", [](flashqla_gdn_fwd_params_t& q) { q.q.stride[3] = 2; }},
+      {"HV:", [](flashqla_gdn_fwd_params_t& q) { q.H = 3; }},
+  };
+  for (const Break& b : breaks) {
+    flashqla_gdn_fwd_params_t bad = c.fwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
+    b.apply(bad);
+    const flashqla_status_t fwd = flashqla_gdn_fwd(&bad);
+    const std::string fwd_message = flashqla_last_error_message();
+    ASSERT_NE(fwd, FLASHQLA_STATUS_SUCCESS) << b.what;
+    EXPECT_EQ(flashqla_gdn_fwd_kernel_choice(&bad, &choice), fwd) << b.what;
+    const std::string message = flashqla_last_error_message();
+    EXPECT_THAT(message, HasSubstr(b.what));
+    EXPECT_EQ(message.substr(message.find(": ")), fwd_message.substr(fwd_message.find(": "))) << b.what;
+  }
+  // The workspace is the caller's to size after asking: the choice does not check it.
+  p.workspace = nullptr;
+  p.workspace_bytes = 0;
+  EXPECT_EQ(flashqla_gdn_fwd_kernel_choice(&p, &choice), FLASHQLA_STATUS_SUCCESS);
+}
+
 TEST(Api, AutoBackendComputesOnTheCpu) {
   GdnCase c = small_case();
   flashqla_gdn_fwd_params_t p = c.fwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);

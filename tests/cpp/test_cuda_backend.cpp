@@ -90,6 +90,30 @@ TEST_F(CudaBackend, KernelNameForOtherHeadSizesIsSimple) {
   EXPECT_STREQ(name, "sm90_simple");
 }
 
+// The choice of a call the fused kernel does not cover: the simple kernel, no
+// pieces, and the rule it breaks; the same params with the simple kernel forced
+// say so instead.
+TEST_F(CudaBackend, KernelChoiceSaysWhyNotTheFusedKernel) {
+  flashqla_gdn_fwd_params_t p = device_params();  // K = V = 16
+  flashqla_gdn_fwd_kernel_choice_t choice{};
+  ASSERT_EQ(flashqla_gdn_fwd_kernel_choice(&p, &choice), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+  EXPECT_EQ(choice.backend, FLASHQLA_BACKEND_CUDA);
+  EXPECT_EQ(choice.kernel, FLASHQLA_FWD_KERNEL_SM90_SIMPLE);
+  EXPECT_STREQ(choice.kernel_name, "sm90_simple");
+  EXPECT_EQ(choice.pieces, FLASHQLA_FWD_PIECES_NONE);
+  EXPECT_EQ(choice.lengths_guessed, 0);
+  EXPECT_EQ(choice.workspace_bytes, 0u);
+  const char* forced = std::getenv("FLASHQLA_FORWARD_KERNEL");
+  if (forced != nullptr && std::string(forced) == "simple") {
+    EXPECT_THAT(choice.reason, HasSubstr("FLASHQLA_FORWARD_KERNEL=simple"));
+  } else {
+    EXPECT_STREQ(choice.reason, "K = 16, V = 16: the fused kernel needs K = V = 128");
+  }
+  p.k.dtype = FLASHQLA_DTYPE_FLOAT16;  // what the forward refuses, the choice refuses
+  EXPECT_EQ(flashqla_gdn_fwd_kernel_choice(&p, &choice), FLASHQLA_STATUS_NOT_SUPPORTED);
+  EXPECT_THAT(flashqla_last_error_message(), HasSubstr("q, k and v must share one dtype"));
+}
+
 TEST_F(CudaBackend, MixedHostAndDevicePointersAreRejected) {
   flashqla_gdn_fwd_params_t p = device_params();
   p.k = c.k.desc;  // host memory
@@ -305,6 +329,22 @@ TEST_P(GpuForward, MatchesCpuOracle) {
   const char* kernel = nullptr;
   ASSERT_EQ(flashqla_gdn_fwd_kernel_name(&p, &kernel), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
   EXPECT_EQ(std::string(kernel), expected_kernel(f)) << f.name;
+  // The kernel choice tells the same plan: its kernel, the workspace the query
+  // reported, pieces exactly where that workspace holds them, a reason off the
+  // fused kernel only.
+  flashqla_gdn_fwd_kernel_choice_t choice{};
+  ASSERT_EQ(flashqla_gdn_fwd_kernel_choice(&p, &choice), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+  EXPECT_EQ(choice.backend, FLASHQLA_BACKEND_CUDA);
+  EXPECT_STREQ(choice.kernel_name, kernel) << f.name;
+  EXPECT_EQ(choice.workspace_bytes, ws_bytes) << f.name;
+  EXPECT_EQ(choice.reason[0] == '\0', choice.kernel == FLASHQLA_FWD_KERNEL_SM90_FUSED) << f.name << ": " << choice.reason;
+  EXPECT_EQ(choice.pieces != FLASHQLA_FWD_PIECES_NONE, choice.piece_chunks > 0) << f.name;
+  if (choice.pieces != FLASHQLA_FWD_PIECES_NONE) {
+    EXPECT_GT(choice.workspace_bytes, 0u) << f.name;
+  }
+  if (!f.piece_chunks.empty() && choice.pieces != FLASHQLA_FWD_PIECES_NONE) {
+    EXPECT_EQ(choice.piece_chunks, std::stoll(f.piece_chunks)) << f.name;
+  }
 
   std::vector<unsigned char> first_o, first_ht;
   for (int run = 0; run < 2; ++run) {

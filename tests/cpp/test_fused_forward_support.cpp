@@ -1,9 +1,11 @@
 // Which forward calls go to the fused sm_90a kernel (src/cuda/fused_forward_support.h):
 // host-only rules, checked without a GPU. The GPU suite checks that both kernels
 // meet the oracle; this pins down where the line between them runs.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string>
 
 #include "cuda/fused_forward_support.h"
 
@@ -11,7 +13,9 @@ namespace flashqla_test {
 namespace {
 
 using flashqla::cuda::ForwardArgs;
+using flashqla::cuda::fused_forward_refusal;
 using flashqla::cuda::fused_forward_supports;
+using ::testing::HasSubstr;
 using flashqla::cuda::fused_output_tensor_storable;
 
 void* fake_address(uintptr_t a) { return reinterpret_cast<void*>(a); }
@@ -130,6 +134,87 @@ TEST(FusedForwardSupport, TokenIndicesFitInt32) {
   EXPECT_TRUE(fused_forward_supports(a));
   a.T = int64_t(1) << 31;
   EXPECT_FALSE(fused_forward_supports(a));
+}
+
+// Every refusal is the first rule the call breaks, named so a caller can act on
+// it; a supported call has none.
+TEST(FusedForwardSupport, RefusalsNameTheFirstBrokenRule) {
+  ForwardArgs a = supported_call();
+  EXPECT_EQ(fused_forward_refusal(a), "");
+
+  a.K = 64;
+  EXPECT_EQ(fused_forward_refusal(a), "K = 64: the fused kernel needs K = V = 128");
+  a.V = 64;
+  EXPECT_EQ(fused_forward_refusal(a), "K = 64, V = 64: the fused kernel needs K = V = 128");
+  a = supported_call();
+  a.V = 256;
+  EXPECT_EQ(fused_forward_refusal(a), "V = 256: the fused kernel needs K = V = 128");
+  a.token_dtype = FLASHQLA_DTYPE_FLOAT32;  // the head size is the first rule
+  EXPECT_THAT(fused_forward_refusal(a), HasSubstr("V = 256"));
+
+  a = supported_call();
+  a.token_dtype = a.o_dtype = FLASHQLA_DTYPE_FLOAT32;
+  EXPECT_EQ(fused_forward_refusal(a), "q, k and v are float32: the fused kernel needs bfloat16 or float16");
+  a = supported_call();
+  a.o_dtype = FLASHQLA_DTYPE_FLOAT32;
+  EXPECT_EQ(fused_forward_refusal(a),
+            "o is float32 and q, k and v are bfloat16: the fused kernel writes o in their dtype");
+
+  a = supported_call();
+  a.N = 1, a.T = int64_t(1) << 31;
+  EXPECT_THAT(fused_forward_refusal(a), HasSubstr("T = 2147483648"));
+  EXPECT_THAT(fused_forward_refusal(a), HasSubstr("32 bits"));
+}
+
+TEST(FusedForwardSupport, RefusalsNameTheTensorAndStride) {
+  ForwardArgs a = supported_call();
+  a.k = fake_address(0x20000 + 2);
+  EXPECT_EQ(fused_forward_refusal(a),
+            "k's base address is not 16-byte aligned: the fused kernel loads q, k and v by TMA");
+
+  a = supported_call();
+  a.q_st = 2 * 128 + 4;  // a row of q padded by 4 elements: 520 bytes apart
+  EXPECT_EQ(fused_forward_refusal(a),
+            "q's token stride (260 elements, 520 bytes) is not a positive multiple of 16 bytes: the fused kernel "
+            "loads q, k and v by TMA");
+  a = supported_call();
+  a.v_sb = 8 * 3 + 4;
+  EXPECT_THAT(fused_forward_refusal(a), HasSubstr("v's batch stride (28 elements, 56 bytes)"));
+  a = supported_call();
+  a.k_sh = 0;  // broadcast over two heads
+  EXPECT_THAT(fused_forward_refusal(a), HasSubstr("k's head stride (0 elements, 0 bytes) is not a positive multiple"));
+  a = supported_call();
+  a.q_sb = int64_t(1) << 39;  // a multiple of 16 bytes, past TMA's range
+  EXPECT_THAT(fused_forward_refusal(a), HasSubstr("q's batch stride"));
+  EXPECT_THAT(fused_forward_refusal(a), HasSubstr("2^40-byte limit"));
+
+  // Bases come before strides, batch strides before token strides.
+  a = supported_call();
+  a.v_st = 3;
+  a.q_sb = 3;
+  EXPECT_THAT(fused_forward_refusal(a), HasSubstr("q's batch stride"));
+  a.v = fake_address(0x30000 + 8);
+  EXPECT_THAT(fused_forward_refusal(a), HasSubstr("v's base address"));
+
+  a = supported_call();
+  a.o = fake_address(0x40000 + 2);
+  EXPECT_EQ(fused_forward_refusal(a),
+            "o's base address is not 4-byte aligned: the fused kernel writes o in pairs of elements");
+  a = supported_call();
+  a.o_st = 4 * 128 + 1;
+  EXPECT_EQ(fused_forward_refusal(a),
+            "o's token stride (513 elements) is odd: the fused kernel writes o in pairs of elements");
+}
+
+// fused_forward_supports is the refusal's absence on every case above and below.
+TEST(FusedForwardSupport, SupportsIsNoRefusal) {
+  ForwardArgs a = supported_call();
+  for (int64_t stride : {0, 1, 2, 8, 16, 264, 256, 1 << 20}) {
+    a.q_st = stride;
+    EXPECT_EQ(fused_forward_supports(a), fused_forward_refusal(a).empty()) << stride;
+    a.o_sh = stride + 1;
+    EXPECT_EQ(fused_forward_supports(a), fused_forward_refusal(a).empty()) << stride;
+  }
 }
 
 }  // namespace

@@ -157,14 +157,61 @@ def test_cp_context_not_supported():
 
 def test_head_dim_over_256_not_supported():
     x = make_inputs(T=4, H=1, HV=1, K=320, V=8, h0=False)
-    with pytest.raises(NotImplementedError, match="K=320"):
+    with pytest.raises(NotImplementedError, match="K: key head dim must be in 1..256, got 320"):
         flashqla.chunk_gated_delta_rule(**x)
 
 
-def test_integer_inputs_not_supported():
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8, torch.bool])
+def test_integer_inputs_not_supported(dtype):
     x = make_inputs(T=4, H=1, HV=1, K=8, V=8, h0=False)
-    with pytest.raises(NotImplementedError, match="v has dtype torch.int32"):
-        flashqla.chunk_gated_delta_rule(**{**x, "v": x["v"].to(torch.int32)})
+    with pytest.raises(NotImplementedError, match="v: unsupported dtype"):
+        flashqla.chunk_gated_delta_rule(**{**x, "v": x["v"].to(dtype)})
+
+
+# --------------------------------------------------------------------------------------
+# kernel_choice: the core's answer to "which kernel runs this call, and why not the fast one"
+# --------------------------------------------------------------------------------------
+
+
+def test_kernel_choice_on_the_cpu():
+    x = make_inputs(cu_seqlens=[0, 30, 100], H=2, HV=4, K=16, V=16)
+    choice = flashqla.kernel_choice(**x, output_final_state=True)
+    assert isinstance(choice, flashqla.KernelChoice)
+    assert choice.kernel == "cpu_chunked"
+    assert choice.pieces == "none" and not choice.uses_pieces and choice.piece_chunks == 0
+    assert choice.lengths_guessed is False and choice.workspace_bytes == 0
+    assert choice.reason == "the CPU backend computes the call (the fused kernel runs CUDA calls only)"
+
+
+def test_kernel_choice_judges_what_the_forward_passes():
+    """An input whose last dimension is strided is copied by the forward op; the choice
+    describes that copy (without making it) rather than refusing the view."""
+    x = make_inputs(T=40, H=1, HV=2, K=16, V=16)
+    v = x["v"].transpose(-1, -2).contiguous().transpose(-1, -2)
+    assert v.stride(-1) != 1
+    assert flashqla.kernel_choice(**{**x, "v": v}).kernel == "cpu_chunked"
+    o, _ = flashqla.chunk_gated_delta_rule(**{**x, "v": v})
+    assert o.shape == x["v"].shape
+
+
+@pytest.mark.parametrize("case", ["K_320", "int_v", "bad_cu_seqlens", "strided_cu_seqlens", "cp_context"])
+def test_kernel_choice_refuses_what_the_forward_refuses(case):
+    x = make_inputs(cu_seqlens=[0, 30, 100], T=100, H=1, HV=2, K=8, V=8, h0=False)
+    if case == "K_320":
+        x = make_inputs(T=4, H=1, HV=1, K=320, V=8, h0=False)
+    elif case == "int_v":
+        x = {**x, "v": x["v"].to(torch.int32)}
+    elif case == "bad_cu_seqlens":
+        x = {**x, "cu_seqlens": torch.tensor([0, 60, 30], dtype=torch.int32)}
+    elif case == "strided_cu_seqlens":  # never copied, so refused by both
+        x = {**x, "cu_seqlens": torch.tensor([0, 0, 30, 0, 100, 0], dtype=torch.int32)[::2]}
+    else:
+        x = {**x, "cp_context": object()}
+    with pytest.raises(Exception) as forward:
+        flashqla.chunk_gated_delta_rule(**x)
+    with pytest.raises(type(forward.value)) as choice:
+        flashqla.kernel_choice(**x)
+    assert str(choice.value) == str(forward.value)
 
 
 def test_wrong_g_shape_names_g():

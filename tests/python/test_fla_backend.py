@@ -353,13 +353,23 @@ def test_verifier_declines_k_512():
     assert "head dim" in reason
 
 
-# What CUDA calls flashqla takes: the fused kernel's shapes on sm_90 only (checked here on
-# CPU tensors, which have the same shapes, dtypes and strides, with the GPU's capability given).
-def _fast(**over):
-    x = dict(q=torch.empty(1, 64, 2, 128, dtype=torch.bfloat16), k=torch.empty(1, 64, 2, 128, dtype=torch.bfloat16),
-             v=torch.empty(1, 64, 4, 128, dtype=torch.bfloat16), use_gate_in_kernel=False, capability=(9, 0))
-    x.update(over)
-    return flashqla.fla_backend._cuda_refusal(**x)
+# What CUDA calls flashqla takes: policy (measured flags, sm_90) over the core's kernel
+# choice. The Python side derives nothing itself: here the choice is a KernelChoice as the
+# C predicate reports it, and the refusal follows it; on a GPU (below, marked gpu) the
+# choice is the core's own for real tensors.
+def _choice(kernel="sm90_fused", reason="", pieces="none", lengths_guessed=False):
+    return flashqla.KernelChoice(kernel, pieces, 0 if pieces == "none" else 8, lengths_guessed, 0, reason)
+
+
+def _refusal(choice=None, use_gate_in_kernel=False, capability=(9, 0)):
+    """_cuda_refusal over a given kernel choice; also returns how often it asked for it."""
+    asked = []
+
+    def choose():
+        asked.append(True)
+        return _choice() if choice is None else choice
+
+    return flashqla.fla_backend._cuda_refusal(choose, use_gate_in_kernel, capability), len(asked)
 
 
 @pytest.fixture
@@ -367,68 +377,89 @@ def beats_fla(monkeypatch):
     monkeypatch.setattr(flashqla._library, "CUDA_FORWARD_BEATS_FLA", True)
 
 
-def test_cuda_fast_path_is_taken(beats_fla):
-    assert _fast() is None
-    assert _fast(q=torch.empty(1, 64, 2, 128, dtype=torch.float16), k=torch.empty(1, 64, 2, 128, dtype=torch.float16),
-                 v=torch.empty(1, 64, 4, 128, dtype=torch.float16)) is None
-    packed = torch.empty(1, 64, 2 * 128 + 2 * 128 + 4 * 128, dtype=torch.bfloat16)  # slices of one qkv tensor
-    q, k, v = packed.split([256, 256, 512], dim=-1)
-    assert _fast(q=q.view(1, 64, 2, 128), k=k.view(1, 64, 2, 128), v=v.view(1, 64, 4, 128)) is None
+def test_cuda_fused_kernel_calls_are_taken(beats_fla):
+    assert _refusal() == (None, 1)
+    assert _refusal(_choice(pieces="passes")) == (None, 1)  # pieces for lengths the host knows
+    assert _refusal(_choice(pieces="chained")) == (None, 1)
 
 
 @pytest.mark.parametrize("capability", [(8, 0), (8, 9), (10, 0), (12, 0)])
 def test_cuda_other_gpus_stay_with_fla(beats_fla, capability):
-    assert "sm_90" in _fast(capability=capability)
+    refusal, asked = _refusal(capability=capability)
+    assert "sm_90" in refusal
+    assert asked == 0  # the core is not asked: its CUDA kernels do not run there
 
 
-def test_cuda_other_head_sizes_stay_with_fla(beats_fla):
-    assert "K = V = 128" in _fast(q=torch.empty(1, 64, 2, 64, dtype=torch.bfloat16),
-                                  k=torch.empty(1, 64, 2, 64, dtype=torch.bfloat16),
-                                  v=torch.empty(1, 64, 4, 64, dtype=torch.bfloat16))
-    assert "K = V = 128" in _fast(v=torch.empty(1, 64, 4, 256, dtype=torch.bfloat16))
-
-
-def test_cuda_other_dtypes_stay_with_fla(beats_fla):
-    f32 = torch.empty(1, 64, 2, 128)
-    assert "dtype" in _fast(q=f32, k=f32)
-    assert "dtype" in _fast(v=torch.empty(1, 64, 4, 128, dtype=torch.float16))
-
-
-def test_cuda_unaligned_rows_stay_with_fla(beats_fla):
-    padded = torch.empty(1, 64, 2, 132, dtype=torch.bfloat16)[..., :128]  # rows 264 bytes apart
-    assert "aligned" in _fast(q=padded)
-    offset = torch.empty(1 * 64 * 2 * 128 + 1, dtype=torch.bfloat16)[1:].view(1, 64, 2, 128)  # base 2 bytes off
-    assert "aligned" in _fast(k=offset)
-
-
-def test_cuda_feature_strided_views_are_taken(beats_fla):
-    """HF transformers' Qwen3-Next hands over v as a view of its [B, C, T] convolution
-    output (feature stride T): the binding copies such a tensor into a contiguous one,
-    which the fused kernel runs, so the call is flashqla's."""
-    conv_out = torch.empty(1, 2 * 2 * 128 + 4 * 128, 64, dtype=torch.bfloat16)  # [B, C, T]
-    v = conv_out.transpose(1, 2)[..., 512:].reshape(1, 64, 4, 128)
-    assert v.stride(-1) == 64
-    assert _fast(v=v) is None
+@pytest.mark.parametrize("reason", ["K = 64: the fused kernel needs K = V = 128",
+                                    "q, k and v are float32: the fused kernel needs bfloat16 or float16",
+                                    "q's head stride (132 elements, 264 bytes) is not a positive multiple of "
+                                    "16 bytes: the fused kernel loads q, k and v by TMA"])
+def test_cuda_simple_kernel_calls_stay_with_fla_for_the_cores_reason(beats_fla, reason):
+    refusal, _ = _refusal(_choice(kernel="sm90_simple", reason=reason))
+    assert reason in refusal and "sm90_simple" in refusal
 
 
 def test_cuda_fused_gate_taken_where_measured_faster(beats_fla, monkeypatch):
     monkeypatch.setattr(flashqla._library, "CUDA_FUSED_GATE_BEATS_FLA", True)
-    assert _fast(use_gate_in_kernel=True) is None
+    assert _refusal(use_gate_in_kernel=True)[0] is None
     monkeypatch.setattr(flashqla._library, "CUDA_FUSED_GATE_BEATS_FLA", False)
-    assert "use_gate_in_kernel" in _fast(use_gate_in_kernel=True)
+    assert "use_gate_in_kernel" in _refusal(use_gate_in_kernel=True)[0]
 
 
-def test_cuda_packed_batches_need_host_lengths_when_pieces_may_cut(beats_fla):
-    cu = torch.tensor([0, 40, 64], dtype=torch.int32)
-    assert "cu_seqlens_cpu" in _fast(cu_seqlens=cu)  # 2 sequences x 4 heads < 132 SMs
-    assert _fast(cu_seqlens=cu, cu_seqlens_cpu=cu) is None
-    assert _fast(cu_seqlens=cu, sm_count=8) is None  # chains fill the GPU: no pieces
-    assert _fast(cu_seqlens=torch.tensor([0, 64], dtype=torch.int32)) is None  # one sequence: its length is T
+def test_cuda_plans_on_guessed_lengths_stay_with_fla(beats_fla):
+    """The core flags a piece plan made for packed sequences whose lengths it did not know
+    (whether it cut them or not); FLA keeps those calls until cu_seqlens_cpu is passed."""
+    for pieces in ("none", "passes"):
+        assert "cu_seqlens_cpu" in _refusal(_choice(pieces=pieces, lengths_guessed=True))[0]
 
 
 def test_cuda_declined_while_not_faster(monkeypatch):
     monkeypatch.setattr(flashqla._library, "CUDA_FORWARD_BEATS_FLA", False)
-    assert "not yet faster" in _fast()
+    refusal, asked = _refusal()
+    assert "not yet faster" in refusal and asked == 0
+
+
+def test_refusal_copies_no_support_rule():
+    """The policy reads the core's answer only: no head size, dtype, stride, pointer or SM
+    count in it, and no SM count anywhere in the package."""
+    import ast
+    import inspect
+    import pathlib
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(flashqla.fla_backend._cuda_refusal)))
+    nodes = list(ast.walk(tree))
+    names = {n.attr for n in nodes if isinstance(n, ast.Attribute)} | {n.id for n in nodes if isinstance(n, ast.Name)}
+    names |= {a.arg for n in nodes if isinstance(n, ast.arguments) for a in n.args}
+    numbers = {n.value for n in nodes if isinstance(n, ast.Constant) and type(n.value) is int}
+    assert not names & {"shape", "size", "stride", "dtype", "data_ptr", "is_contiguous", "multi_processor_count",
+                        "sm_count", "q", "k", "v", "cu_seqlens", "cu_seqlens_cpu"}, names
+    assert numbers <= {0, 1, 9}, numbers  # sm_90 and the capability's two indices only
+    for path in pathlib.Path(flashqla.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        assert "multi_processor_count" not in text and "sm_count" not in text, path.name
+
+
+def test_verifier_asks_the_core(monkeypatch):
+    """The verifier runs the core's kernel choice on the call as flashqla would make it, and
+    declines with the core's own message what the core refuses."""
+    asked = []
+    original = gdr_module._kernel_choice
+
+    def spy(call):
+        asked.append(call)
+        return original(call)
+
+    monkeypatch.setattr(gdr_module, "_kernel_choice", spy)
+    x = _inputs()
+    assert _verify(**x) == (True, None)
+    assert len(asked) == 1 and asked[0].q is x["q"] and asked[0].beta_activation == 0
+
+    big = _inputs(T=8, K=512, V=16)
+    with pytest.raises(NotImplementedError) as refused:
+        flashqla.kernel_choice(**big)
+    ok, reason = _verify(**big)
+    assert ok is False and str(refused.value) in reason
 
 
 def test_declined_call_falls_back_to_fla(calls):

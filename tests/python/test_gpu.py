@@ -245,3 +245,80 @@ def test_fla_backend_takes_only_the_fast_path_on_cuda():
     small = make_inputs(T=200, H=1, HV=2, K=64, V=64, dtype=torch.bfloat16, device="cuda")
     ok, reason = backend.verify("chunk_gated_delta_rule", **small, output_final_state=True)
     assert not ok and "K = V = 128" in reason
+
+
+# --------------------------------------------------------------------------------------
+# the core's kernel choice on real CUDA tensors, and the FLA backend following it
+# --------------------------------------------------------------------------------------
+
+
+def _choice_cases():
+    """(name, inputs, expected kernel, a fragment of the core's reason)."""
+    bf16 = dict(H=2, HV=4, dtype=torch.bfloat16, device="cuda", T=256)
+    base = make_inputs(K=128, V=128, **bf16)
+    padded = torch.randn(1, 256, 2, 132, device="cuda", dtype=torch.bfloat16)[..., :128]  # rows 264 bytes apart
+    offset = torch.randn(1 * 256 * 2 * 128 + 1, device="cuda", dtype=torch.bfloat16)[1:].view(1, 256, 2, 128)
+    qkv = torch.randn(1, 256, 2 * 2 * 128 + 4 * 128, device="cuda", dtype=torch.bfloat16)
+    conv = torch.randn(1, 2 * 2 * 128 + 4 * 128, 256, device="cuda", dtype=torch.bfloat16)  # [B, C, T]
+    return [
+        ("fused", base, "sm90_fused", ""),
+        ("packed_qkv", {**base, "q": qkv[..., :256].view(1, 256, 2, 128), "k": qkv[..., 256:512].view(1, 256, 2, 128),
+                        "v": qkv[..., 512:].view(1, 256, 4, 128)}, "sm90_fused", ""),
+        # the binding copies a tensor whose last dimension is strided: its copy is aligned
+        ("feature_strided_v", {**base, "v": conv.transpose(1, 2)[..., 512:].reshape(1, 256, 4, 128)}, "sm90_fused", ""),
+        ("K_64", make_inputs(K=64, V=128, **bf16), "sm90_simple", "K = 64: the fused kernel needs K = V = 128"),
+        ("fp32", make_inputs(K=128, V=128, **{**bf16, "dtype": torch.float32}), "sm90_simple",
+         "q, k and v are float32"),
+        ("padded_rows", {**base, "q": padded}, "sm90_simple", "q's head stride (132 elements, 264 bytes)"),
+        ("unaligned_base", {**base, "k": offset}, "sm90_simple", "k's base address is not 16-byte aligned"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7), ids=["fused", "packed_qkv", "feature_strided_v", "K_64", "fp32",
+                                                "padded_rows", "unaligned_base"])
+def test_kernel_choice_on_cuda(case):
+    name, x, kernel, reason = _choice_cases()[case]
+    with torch.no_grad():
+        choice = flashqla.kernel_choice(**x, output_final_state=True)
+        assert choice.kernel == kernel, (name, choice)
+        assert reason in choice.reason and (choice.reason == "") == (kernel == "sm90_fused"), (name, choice)
+        flashqla.chunk_gated_delta_rule(**x, output_final_state=True)  # the call runs as chosen
+
+
+@pytest.mark.fla
+@pytest.mark.skipif(not HAS_FLA, reason="flash-linear-attention not installed")
+@pytest.mark.parametrize("case", range(7), ids=["fused", "packed_qkv", "feature_strided_v", "K_64", "fp32",
+                                                "padded_rows", "unaligned_base"])
+def test_fla_backend_follows_the_kernel_choice(case, monkeypatch):
+    """FLA's verifier takes exactly the calls the core gives the fused kernel and declines
+    the others with the core's reason."""
+    import flashqla.fla_backend as fb
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FLA backend takes CUDA calls on sm_90 only")
+    monkeypatch.setattr(flashqla._library, "CUDA_FORWARD_BEATS_FLA", True)
+    fb.register()
+    _, x, kernel, _ = _choice_cases()[case]
+    with torch.no_grad():
+        choice = flashqla.kernel_choice(**x)
+        ok, why = fb._backend.verify("chunk_gated_delta_rule", **x)
+    if kernel == "sm90_fused":
+        assert (ok, why) == (True, None)
+    else:
+        assert ok is False and choice.reason in why
+
+
+def test_kernel_choice_flags_guessed_lengths():
+    """docs/perf.md's 27B TP2 pair (28672 + 4096 tokens, 24 value heads): without
+    cu_seqlens_cpu the piece plan takes the lengths as equal and says so; with it, it plans
+    for the real lengths, and the workspace the forward allocates is the choice's."""
+    if torch.cuda.get_device_properties(0).multi_processor_count <= 48:
+        pytest.skip("48 chains fill this GPU")
+    x = make_inputs(cu_seqlens=[0, 28672, 32768], H=8, HV=24, K=128, V=128, dtype=torch.bfloat16, device="cuda",
+                    h0=False)
+    with torch.no_grad():
+        guessed = flashqla.kernel_choice(**x)
+        known = flashqla.kernel_choice(**x, cu_seqlens_cpu=x["cu_seqlens"].cpu())
+    assert guessed.kernel == known.kernel == "sm90_fused"
+    assert guessed.lengths_guessed and not known.lengths_guessed
+    assert known.uses_pieces and known.workspace_bytes > 0

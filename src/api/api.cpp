@@ -1,17 +1,16 @@
-// The extern "C" entry points: validate, pick the backend, run, and turn any
-// error into a status plus a thread-local message.
+// The extern "C" entry points: validate and plan each call once (dispatch.h),
+// run it on its backend, and turn any error into a status plus a thread-local
+// message.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <new>
 
+#include "api/dispatch.h"
 #include "core/error.h"
 #include "core/trace.h"
 #include "core/validate.h"
-#include "cpu/cpu_backend.h"
 #include "flashqla/flashqla.h"
-
-#ifdef FLASHQLA_WITH_CUDA
-#include "cuda/cuda_backend.h"
-#endif
 
 namespace flashqla {
 namespace {
@@ -37,18 +36,18 @@ flashqla_status_t guarded(Body&& body) {
   }
 }
 
-size_t forward_workspace(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
-#ifdef FLASHQLA_WITH_CUDA
-  if (pr.backend == FLASHQLA_BACKEND_CUDA) return cuda::forward_workspace_bytes(pr, p);
-#endif
-  return 0;  // the CPU backend keeps its fp64 scratch on the host heap
-}
-
-size_t backward_workspace(const Problem& pr, const flashqla_gdn_bwd_params_t& p) {
-#ifdef FLASHQLA_WITH_CUDA
-  if (pr.backend == FLASHQLA_BACKEND_CUDA) return cuda::backward_workspace_bytes(pr, p);
-#endif
-  return 0;
+void fill_choice(const api::ForwardCall& call, flashqla_gdn_fwd_kernel_choice_t& choice) {
+  choice = flashqla_gdn_fwd_kernel_choice_t{};
+  choice.backend = call.problem.backend;
+  choice.kernel = call.kernel;
+  choice.kernel_name = api::kernel_name(call.kernel);
+  choice.pieces = call.pieces;
+  choice.piece_chunks = call.piece_chunks;
+  choice.lengths_guessed = call.lengths_guessed ? 1 : 0;
+  choice.workspace_bytes = call.workspace_bytes;
+  const size_t n = std::min(call.reason.size(), sizeof(choice.reason) - 1);
+  std::memcpy(choice.reason, call.reason.data(), n);
+  choice.reason[n] = '\0';
 }
 
 void check_workspace(const char* entry, size_t needed, const void* workspace, size_t given) {
@@ -87,8 +86,7 @@ flashqla_status_t flashqla_gdn_fwd_workspace_size(const flashqla_gdn_fwd_params_
   return guarded([&] {
     constexpr const char* entry = "flashqla_gdn_fwd_workspace_size";
     FLASHQLA_REQUIRE(bytes != nullptr, entry, ": bytes: pointer is NULL");
-    const flashqla::Problem pr = flashqla::validate_forward(params, entry);
-    *bytes = flashqla::forward_workspace(pr, *params);
+    *bytes = flashqla::api::plan_forward(params, entry).workspace_bytes;
   });
 }
 
@@ -98,8 +96,8 @@ flashqla_status_t flashqla_gdn_bwd_workspace_size(const flashqla_gdn_bwd_params_
   return guarded([&] {
     constexpr const char* entry = "flashqla_gdn_bwd_workspace_size";
     FLASHQLA_REQUIRE(bytes != nullptr, entry, ": bytes: pointer is NULL");
-    const flashqla::Problem pr = flashqla::validate_backward(params, entry);
-    *bytes = flashqla::backward_workspace(pr, *params);
+    const flashqla::Problem pr = flashqla::api::validate_backward_call(params, entry);
+    *bytes = flashqla::api::backward_workspace(pr, *params);
   });
 }
 
@@ -107,17 +105,18 @@ flashqla_status_t flashqla_gdn_fwd(const flashqla_gdn_fwd_params_t* params) {
   flashqla::TraceRange trace("flashqla_gdn_fwd");
   return guarded([&] {
     constexpr const char* entry = "flashqla_gdn_fwd";
-    const flashqla::Problem pr = flashqla::validate_forward(params, entry);
-    flashqla::check_workspace(entry, flashqla::forward_workspace(pr, *params), params->workspace,
-                              params->workspace_bytes);
-    FLASHQLA_PLAN("%s: backend=%s B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld N=%lld varlen=%d h0=%d ht=%d", entry,
+    const flashqla::api::ForwardCall call = flashqla::api::plan_forward(params, entry);
+    flashqla::check_workspace(entry, call.workspace_bytes, params->workspace, params->workspace_bytes);
+    const flashqla::Problem& pr = call.problem;
+    FLASHQLA_PLAN("%s: backend=%s B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld N=%lld varlen=%d h0=%d ht=%d "
+                  "kernel=%s pieces=%s piece_chunks=%lld lengths_guessed=%d workspace=%zu", entry,
                   pr.backend == FLASHQLA_BACKEND_CUDA ? "cuda" : "cpu", (long long)pr.B, (long long)pr.T,
                   (long long)pr.H, (long long)pr.HV, (long long)pr.K, (long long)pr.V, (long long)pr.N,
-                  int(pr.varlen), int(pr.has_initial_state), int(pr.output_final_state));
-#ifdef FLASHQLA_WITH_CUDA
-    if (pr.backend == FLASHQLA_BACKEND_CUDA) return flashqla::cuda::gdn_forward(pr, *params);
-#endif
-    flashqla::cpu::gdn_forward(pr, *params);
+                  int(pr.varlen), int(pr.has_initial_state), int(pr.output_final_state),
+                  flashqla::api::kernel_name(call.kernel), flashqla::api::pieces_name(call.pieces),
+                  (long long)call.piece_chunks, int(call.lengths_guessed), call.workspace_bytes);
+    if (!call.reason.empty()) FLASHQLA_PLAN("%s: not the fused kernel: %s", entry, call.reason.c_str());
+    flashqla::api::run_forward(call, *params);
   });
 }
 
@@ -125,17 +124,14 @@ flashqla_status_t flashqla_gdn_bwd(const flashqla_gdn_bwd_params_t* params) {
   flashqla::TraceRange trace("flashqla_gdn_bwd");
   return guarded([&] {
     constexpr const char* entry = "flashqla_gdn_bwd";
-    const flashqla::Problem pr = flashqla::validate_backward(params, entry);
-    flashqla::check_workspace(entry, flashqla::backward_workspace(pr, *params),
+    const flashqla::Problem pr = flashqla::api::validate_backward_call(params, entry);
+    flashqla::check_workspace(entry, flashqla::api::backward_workspace(pr, *params),
                               params->fwd.workspace, params->fwd.workspace_bytes);
     FLASHQLA_PLAN("%s: backend=%s B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld N=%lld varlen=%d h0=%d", entry,
                   pr.backend == FLASHQLA_BACKEND_CUDA ? "cuda" : "cpu", (long long)pr.B, (long long)pr.T,
                   (long long)pr.H, (long long)pr.HV, (long long)pr.K, (long long)pr.V, (long long)pr.N,
                   int(pr.varlen), int(pr.has_initial_state));
-#ifdef FLASHQLA_WITH_CUDA
-    if (pr.backend == FLASHQLA_BACKEND_CUDA) return flashqla::cuda::gdn_backward(pr, *params);
-#endif
-    flashqla::cpu::gdn_backward(pr, *params);
+    flashqla::api::run_backward(pr, *params);
   });
 }
 
@@ -148,18 +144,20 @@ flashqla_status_t flashqla_gdn_resolve_backend(const flashqla_gdn_fwd_params_t* 
   });
 }
 
+flashqla_status_t flashqla_gdn_fwd_kernel_choice(const flashqla_gdn_fwd_params_t* params,
+                                                 flashqla_gdn_fwd_kernel_choice_t* choice) {
+  return guarded([&] {
+    constexpr const char* entry = "flashqla_gdn_fwd_kernel_choice";
+    FLASHQLA_REQUIRE(choice != nullptr, entry, ": choice: pointer is NULL");
+    flashqla::fill_choice(flashqla::api::plan_forward(params, entry), *choice);
+  });
+}
+
 flashqla_status_t flashqla_gdn_fwd_kernel_name(const flashqla_gdn_fwd_params_t* params, const char** name) {
   return guarded([&] {
     constexpr const char* entry = "flashqla_gdn_fwd_kernel_name";
     FLASHQLA_REQUIRE(name != nullptr, entry, ": name: pointer is NULL");
-    const flashqla::Problem pr = flashqla::validate_forward(params, entry);
-#ifdef FLASHQLA_WITH_CUDA
-    if (pr.backend == FLASHQLA_BACKEND_CUDA) {
-      *name = flashqla::cuda::forward_kernel_name(pr, *params);
-      return;
-    }
-#endif
-    *name = params->cpu_algorithm == FLASHQLA_CPU_ALGORITHM_RECURRENT ? "cpu_recurrent" : "cpu_chunked";
+    *name = flashqla::api::kernel_name(flashqla::api::plan_forward(params, entry).kernel);
   });
 }
 
