@@ -2,11 +2,12 @@
 // with FLASHQLA_FUSED_PROFILE (cycles per phase of CTA 0, read back) and times five
 // launches of each shape with CUDA events, and compares o with the simple
 // kernel's on the same inputs. Built without the define, it times the kernel
-// as built for the library. On the GPU machine:
-//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -DFLASHQLA_FUSED_PROFILE -Iinclude -Isrc \
-//     -Ithird_party/cutlass/include \
-//     benchmarks/tools/fused_phase_profile.cu src/cuda/sm90/gdn_fwd_simple_sm90.cu -o /tmp/fused_phase_profile
-//   /tmp/fused_phase_profile          (every shape; "/tmp/fused_phase_profile 2,3" only those)
+// as built for the library. Targets of the library's CMake project with
+// -DFLASHQLA_BUILD_TOOLS=ON (benchmarks/tools/CMakeLists.txt, the library's
+// flags): fused_timing-current, fused_profile-current, ...; scripts/gpu.sh
+// iterate and compare build and run them. On the GPU machine:
+//   cmake --build build-gpu --target fused_profile-current
+//   build-gpu/benchmarks/tools/fused_profile-current      (every shape; "... 2,3" only those)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

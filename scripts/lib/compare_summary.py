@@ -1,4 +1,4 @@
-"""Summary table of scripts/gpu_compare_versions.sh's output (compare.txt): per
+"""Summary table of `scripts/gpu.sh compare`'s output (compare.txt): per
 version, the timed cases (µs a chunk of one CTA's chain, or ms for the
 throughput cases of >= 128 chains), the largest relative difference to the simple kernel, and each
 side alone."""
