@@ -130,7 +130,7 @@ cmd_check() {
   local pip_s=$((SECONDS - start))
   [[ ${pip_rc} -eq 0 ]] || tail -n 40 "${out}/pip-install.log"
   start=${SECONDS}
-  # A bound, so that a kernel that hangs fails the check instead of the whole device call.
+  # A bound, so that a kernel that hangs fails the check instead of the whole run.
   timeout 300 ${py} -m pytest -q -rfEs -p no:cacheprovider "${pytest_select[@]}" tests/python > "${out}/pytest.log" 2>&1
   local pytest_rc=$?
   local pytest_s=$((SECONDS - start))
