@@ -24,7 +24,7 @@
 #
 # The same codes from any other kernel, and every other line (errors,
 # warnings, spill reports, ptxas -v output, other advisories such as C7512,
-# which scripts/gpu_compare_versions.sh looks for), pass through unchanged.
+# which `scripts/gpu.sh compare` looks for), pass through unchanged.
 # Configure with -DFLASHQLA_SHOW_PTXAS_ADVISORIES=ON to build without this
 # launcher and see everything ptxas says (kernel work).
 set -u -o pipefail

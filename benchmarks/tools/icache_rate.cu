@@ -3,7 +3,8 @@
 // (32 KB of code) per iteration; with one warp per scheduler the block should
 // take ≈ 2048 cycles if instructions arrive in time. Rows: warps per scheduler
 // and how many distinct copies of the block (code streams) they run.
-//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 benchmarks/tools/icache_rate.cu -o /tmp/icache_rate
+// Target icache_rate of the library's CMake project with -DFLASHQLA_BUILD_TOOLS=ON:
+//   cmake --build build-gpu --target icache_rate && build-gpu/benchmarks/tools/icache_rate
 #include <cstdio>
 
 namespace {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Nsight Compute's per-instruction figures of the fused kernel, summed by source line.
 
-scripts/ncu_fused.sh writes source.csv: one row per SASS instruction (executed
+`scripts/gpu.sh ncu` writes source.csv: one row per SASS instruction (executed
 count, warp-state samples by stall reason) but no source lines. This maps each
 row to its line through the SASS of a -lineinfo build of the same sources
 (nvdisasm -g), then prints, for the instructions executed at least --min-exec
@@ -15,8 +15,9 @@ brought back:
 --per divides the executed counts (e.g. warps x chunks: 4 x 128 for the
 producer of a one-sequence 8192-token run); --range limits the rows to SASS
 instruction indices [a, b) (a side's loop, found from the executed counts).
-The cubin: nvcc -cubin -lineinfo of benchmarks/tools/fused_phase_profile.cu with
-the flags of scripts/ncu_fused.sh.
+The cubin: the one of fused_phase_profile.cu that `scripts/gpu.sh ncu` extracts
+from the profiled binary (cuobjdump -xelf all; -lineinfo is among the library's
+flags).
 """
 import argparse
 import csv

@@ -16,9 +16,9 @@
 // and records the cycles from the batch's first fence to its commit (issue) and
 // to the end of its wait (complete), alone and with two more warpgroups keeping
 // the tensor pipe busy (batches of 8 wgmma m64n128k16, as the state warpgroups'
-// steps). On the GPU machine (scripts/gpu_iterate.sh runs it):
-//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -Iinclude -Isrc -Ithird_party/cutlass/include \
-//     benchmarks/tools/wgmma_issue.cu -o /tmp/wgmma_issue && /tmp/wgmma_issue
+// steps). Target wgmma_issue of the library's CMake project with
+// -DFLASHQLA_BUILD_TOOLS=ON; on the GPU machine `scripts/gpu.sh iterate` (and
+// `compare --wgmma-issue`) builds and runs it.
 #include <cstdio>
 
 #include "cuda/sm90/warpgroup_mma.cuh"

@@ -1,9 +1,9 @@
 // Development tool: cycles of one batch of eight wgmma m64n128k16 (bf16, fp32
 // accumulate) for each operand layout the fused forward uses, with one or two
 // warpgroups issuing at once, each waiting for its batch (as the state chain
-// does). On the GPU machine:
-//   nvcc -std=c++17 -gencode=arch=compute_90a,code=sm_90a -O3 -Iinclude -Isrc -Ithird_party/cutlass/include \
-//     benchmarks/tools/wgmma_rate.cu -o /tmp/wgmma_rate && /tmp/wgmma_rate
+// does). Target wgmma_rate of the library's CMake project with
+// -DFLASHQLA_BUILD_TOOLS=ON; on the GPU machine `scripts/gpu.sh iterate` builds
+// and runs it.
 #include <cstdio>
 
 #include "cuda/sm90/warpgroup_mma.cuh"

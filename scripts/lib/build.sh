@@ -1,6 +1,7 @@
-# Shared setup, configure and build steps for scripts/run_tests.sh (everything)
-# and scripts/run_demo.sh (a CPU-only tree with the one example). Source it; do
-# not run it.
+# Shared setup, configure and build steps for scripts/run_tests.sh (everything),
+# scripts/run_demo.sh (a CPU-only tree with the one example) and scripts/gpu.sh
+# (the GPU machine's builds: the same configure, with its own build folders and
+# extra CMake arguments). Source it; do not run it.
 #
 # Environment knobs:
 #   FLASHQLA_BUILD_DIR     build folder of run_tests.sh (default: <repo>/build)
@@ -11,6 +12,10 @@
 #                          (default: ON exactly when nvcc is found)
 #   FLASHQLA_JOBS          parallel build / test jobs (default: nproc)
 #   FLASHQLA_SKIP_APT=1    never install system packages, only check
+#   FLASHQLA_FETCH_CUTLASS=0  do not run scripts/fetch_cutlass.sh before a CUDA
+#                          configure (a machine that reaches no package registry,
+#                          with third_party/ carried; CMake stops with a clear
+#                          message when the headers are missing)
 
 FLASHQLA_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 FLASHQLA_BUILD_DIR="${FLASHQLA_BUILD_DIR:-${FLASHQLA_REPO_ROOT}/build}"
@@ -92,6 +97,9 @@ fq_detect_cuda() {
   fi
 }
 
+# fq_configure [extra CMake arguments...]: configures FLASHQLA_BUILD_DIR (after
+# fq_detect_cuda); the extra arguments come last, so they may override the
+# defaults (-DFLASHQLA_BUILD_TESTS=OFF, ...).
 fq_configure() {
   local args=(-S "${FLASHQLA_REPO_ROOT}" -B "${FLASHQLA_BUILD_DIR}"
               "-DCMAKE_BUILD_TYPE=${FLASHQLA_BUILD_TYPE}"
@@ -99,11 +107,13 @@ fq_configure() {
               -DFLASHQLA_BUILD_TESTS=ON
               -DFLASHQLA_BUILD_EXAMPLES=ON)
   if [[ "${FLASHQLA_CUDA}" == "ON" ]]; then
-    bash "${FLASHQLA_REPO_ROOT}/scripts/fetch_cutlass.sh"
+    if [[ "${FLASHQLA_FETCH_CUTLASS:-1}" != "0" ]]; then
+      bash "${FLASHQLA_REPO_ROOT}/scripts/fetch_cutlass.sh"
+    fi
     args+=("-DCMAKE_CUDA_COMPILER=${FLASHQLA_NVCC}")
   fi
   fq_log "configuring ${FLASHQLA_BUILD_DIR}"
-  cmake "${args[@]}"
+  cmake "${args[@]}" "$@"
 }
 
 fq_build() {

@@ -1,9 +1,10 @@
-"""Summary table of scripts/gpu_compare_versions.sh's output (compare.txt): per
-version, the timed cases (µs a chunk of one CTA's chain, or ms for the
-throughput cases of >= 128 chains), the largest relative difference to the simple kernel, and each
-side alone."""
+"""Summary table of `scripts/gpu.sh compare`'s output (compare.txt): per version,
+the mean over its rounds of each timed case (µs a chunk of one CTA's chain, or ms
+for the throughput cases of >= 128 chains) with the number of rounds, and the
+largest relative difference to the simple kernel."""
 
 import re
+import statistics
 import sys
 
 
@@ -14,55 +15,42 @@ def chains(case):
 
 
 def main(path):
-    versions = []
+    versions = {}  # name -> {"cases": {case: [values]}, "unit": {case: unit}, "diff": float | None}
     current = None
-    section = "timing"
     case = None
     for line in open(path, encoding="utf-8"):
-        if line.startswith("=== "):
-            name = line[4:].split(":", 1)[0]
-            current = {"name": name, "cases": {}, "diff": None, "producer": "-", "state": "-", "distorted": False}
-            versions.append(current)
-            section, case = "timing", None
+        m = re.match(r"=== (\S+)", line)
+        if m:
+            current = versions.setdefault(m.group(1), {"cases": {}, "unit": {}, "diff": None})
+            case = None
             continue
         if current is None:
-            continue
-        if line.strip().startswith("WARNING:"):
-            current["distorted"] = True
-            continue
-        if line.strip() == "producer alone:":
-            section = "producer"
-            continue
-        if line.strip() == "state alone:":
-            section = "state"
             continue
         if line.startswith("B="):
             case = line.strip()
             continue
         m = re.search(r"([0-9.]+) ms, ([0-9.]+) us per chunk", line)
-        if m:
-            if section == "timing" and case is not None:
-                value = f"{m.group(1)} ms" if chains(case) >= 128 else f"{m.group(2)} µs"
-                current["cases"][case] = value
-            elif section in ("producer", "state"):
-                current[section] = f"{m.group(2)} µs"
+        if m and case is not None:
+            throughput = chains(case) >= 128
+            current["cases"].setdefault(case, []).append(float(m.group(1) if throughput else m.group(2)))
+            current["unit"][case] = "ms" if throughput else "µs"
             continue
         m = re.search(r"relative difference to the simple kernel: ([0-9.e+-]+)", line)
         if m:
             current["diff"] = max(current["diff"] or 0.0, float(m.group(1)))
     cases = []
-    for v in versions:
+    for v in versions.values():
         cases += [c for c in v["cases"] if c not in cases]
-    print("| version | " + " | ".join(cases) + " | max rel. diff | producer alone | state alone |")
-    print("|---" * (len(cases) + 4) + "|")
-    for v in versions:
-        cells = [v["cases"].get(c, "-") for c in cases]
+    print("| version | " + " | ".join(cases) + " | max rel. diff |")
+    print("|---" * (len(cases) + 2) + "|")
+    for name, v in versions.items():
+        cells = []
+        for c in cases:
+            values = v["cases"].get(c)
+            cells.append("-" if not values else
+                         f"{statistics.mean(values):.4g} {v['unit'][c]} (n={len(values)})")
         diff = "-" if v["diff"] is None else f"{v['diff']:.2e}"
-        print(f"| {v['name']} | " + " | ".join(cells) + f" | {diff} | {v['producer']} | {v['state']} |")
-    distorted = [v["name"] for v in versions if v["distorted"]]
-    if distorted:
-        print(f"\nProfile builds that spill or serialize their wgmmas (their phase cycles and 'alone' "
-              f"figures do not describe the kernel): {', '.join(distorted)}")
+        print(f"| {name} | " + " | ".join(cells) + f" | {diff} |")
 
 
 if __name__ == "__main__":

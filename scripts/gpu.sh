@@ -1,0 +1,427 @@
+#!/usr/bin/env bash
+# The GPU machine's driver: one subcommand per job (scripts/gpu.sh --help).
+# Every build goes through the library's CMake project and flags
+# (scripts/lib/build.sh, scripts/lib/gpu_common.sh): the library and its tests in
+# build-gpu/, the kernel tools (benchmarks/tools/) as targets of the same
+# project. What it needs comes carried: third_party/ and .whl/ from
+# scripts/prepare_device.sh, versions/ from scripts/export_versions.sh (compare),
+# .triton-cache.tar.xz from an earlier benchmark. Logs and results go to $OUT
+# when set (each subcommand has its own default).
+set -uo pipefail
+FQ_GPU_SELF="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/gpu.sh"
+source "$(dirname "${FQ_GPU_SELF}")/lib/build.sh"
+source "$(dirname "${FQ_GPU_SELF}")/lib/gpu_common.sh"
+cd "${FLASHQLA_REPO_ROOT}" || exit 1
+
+usage() {
+  cat <<'EOF'
+usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
+
+  check [--quick] [--cpp-only | --python-only]
+      Build the library and its tests (build-gpu/, CUDA backend), run the whole
+      C++ suite, `pip install .` into the machine's torch, run the Python suite
+      (GPU tests must run, never skip), its FLA and transformers tests again with
+      FLA 0.6 (.whl/fla-0.6), a quick benchmark (two published rows, per-chunk
+      latency), and print a table. --quick: only the GPU-marked Python tests;
+      --cpp-only: stop after the C++ suite; --python-only: no C++ build or suite.
+      Default $OUT: /tmp/flashqla-gpu-check.
+  bench [ROWS-REGEX]
+      Install the carried wheels and the package, run the forward benchmark over
+      the published rows (those matching ROWS-REGEX on "model,seqlens"), write
+      h200.csv / h200.json named by the card (h100.* on an H100) and FLA's Triton
+      cache as triton-cache.tar.xz.part-*. BENCH_TIME_LIMIT=S stops the benchmark
+      after S seconds, keeping the rows measured. Default $OUT: benchmarks/results.
+  full [--lean] [--require-h200] [--budget S] [ROWS-REGEX]
+      check --quick, then (if it passed) bench; $OUT gets the benchmark's files,
+      its log and the check's logs as check_logs.tar.gz. --lean, for short device
+      time: check --cpp-only, bench, then the Python GPU tests, each result in $OUT
+      as it is written. --require-h200 (FULL_RUN_REQUIRE_H200=1): on any other
+      card stop at once (exit 3). --budget S (FULL_RUN_SECONDS): the whole run's
+      seconds; the benchmark gets what is left less 40 s.
+      Default $OUT: /tmp/flashqla-gpu-full-run.
+  iterate
+      The kernel loop (about a minute): build the library, its tests and the
+      fused kernel's tools, run the GPU tests of the C++ suite, then the kernel's
+      per-chunk timing and the wgmma tools.
+      Default $OUT: /tmp/flashqla-gpu-iterate.
+  compare [--quick] [--wgmma-issue] [VERSION...]
+      Time kernel versions side by side in one call: each version's fused kernel
+      in this checkout's timing tool (per-chunk latency of five shapes, relative
+      difference to the simple kernel), the versions interleaved over three rounds
+      (differences of 1% at full load are real: one version after the other is
+      not), then a summary table of the means. A VERSION is a folder name in
+      versions/ or, where git and the history are at hand, any commit (exported
+      into versions/ first); none: every exported version. --quick
+      (COMPARE_QUICK=1): one round; --wgmma-issue (COMPARE_WGMMA_ISSUE=1):
+      benchmarks/tools/wgmma_issue first. A triage tool: the GPU suite (check)
+      shows a version correct.
+      Default $OUT: /tmp/flashqla-compare.
+  ncu [--shape N] [VERSION-DIR]
+      Nsight Compute profile of the fused kernel (first launch of the timing
+      tool; shape 0: one sequence of 8192 tokens, 2 (NCU_SHAPE=2): 256 chains at
+      full load), with per-instruction stall samples: prof.ncu-rep, source.csv,
+      details.csv and the binary's cubins (for benchmarks/tools/ncu_by_line.py).
+      VERSION-DIR: a version exported into versions/ instead of this checkout.
+      Default $OUT: /tmp/flashqla-ncu.
+
+Here, not there: scripts/prepare_device.sh (third_party/, .whl/),
+scripts/export_versions.sh REF... (versions/ for compare).
+EOF
+}
+
+# --- check -------------------------------------------------------------------
+cmd_check() {
+  local pytest_select=() cpp_only=0 python_only=0 arg
+  for arg in "$@"; do
+    case "${arg}" in
+      --quick) pytest_select=(-m gpu) ;;
+      --cpp-only) cpp_only=1 ;;
+      --python-only) python_only=1 ;;
+      *) echo "usage: scripts/gpu.sh check [--quick] [--cpp-only | --python-only]"; exit 2 ;;
+    esac
+  done
+  local out="${OUT:-/tmp/flashqla-gpu-check}"
+  mkdir -p "${out}"
+  local build=build-gpu start
+
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "${out}/gpu.txt"
+  local build_s=- ctest_s=- total=- failed=- skipped=0 gpu_ran=- ctest_rc=0
+  if [[ ${python_only} -eq 0 ]]; then
+    start=${SECONDS}
+    (fq_gpu_configure "${build}") > "${out}/configure.log" 2>&1 \
+      && fq_gpu_build "${build}" > "${out}/build.log" 2>&1
+    local build_rc=$?
+    build_s=$((SECONDS - start))
+    if [[ ${build_rc} -ne 0 ]]; then
+      tail -n 60 "${out}/configure.log" "${out}/build.log"
+      echo "BUILD FAILED"
+      exit 1
+    fi
+
+    fq_gpu_probe "${build}" "${out}"
+    start=${SECONDS}
+    ctest --test-dir "${build}" --output-on-failure --timeout 120 -j 8 > "${out}/ctest.log" 2>&1
+    ctest_rc=$?
+    ctest_s=$((SECONDS - start))
+    grep -E "Failed|\*\*\*|Skipped" "${out}/ctest.log" | head -n 40
+
+    total=$(grep -oE "out of [0-9]+" "${out}/ctest.log" | grep -oE "[0-9]+" | tail -n 1)
+    failed=$(grep -cE "Test +#[0-9]+: .*(\*\*\*|  Failed)" "${out}/ctest.log")
+    skipped=$(grep -c "(Skipped)" "${out}/ctest.log")
+    gpu_ran=$(grep -cE "CudaBackend\..*Passed" "${out}/ctest.log")
+    if [[ ${cpp_only} -eq 1 ]]; then
+      echo "build ${build_s} s, ctest ${ctest_s} s: ${total:-?} tests, ${failed:-?} failed, ${skipped} skipped" \
+        "(must be 0), ${gpu_ran} CUDA backend tests passed"
+      [[ ${ctest_rc} -eq 0 && ${skipped} -eq 0 ]]
+      exit
+    fi
+  fi
+
+  # --- Python package and suite
+  local py=python3
+  fq_install_wheels "${out}/pip-wheels.log"
+  local fla_next=/tmp/flashqla-fla-0.6
+  rm -rf "${fla_next}"
+  if compgen -G ".whl/fla-0.6/*.whl" >/dev/null; then
+    ${py} -m pip install -q --no-index --no-deps --target "${fla_next}" .whl/fla-0.6/*.whl >> "${out}/pip-wheels.log" 2>&1
+  fi
+  start=${SECONDS}
+  # No package index is reachable there; the build needs none (see pyproject.toml).
+  ${py} -m pip install --no-index . > "${out}/pip-install.log" 2>&1
+  local pip_rc=$?
+  local pip_s=$((SECONDS - start))
+  [[ ${pip_rc} -eq 0 ]] || tail -n 40 "${out}/pip-install.log"
+  start=${SECONDS}
+  # A bound, so that a kernel that hangs fails the check instead of the whole run.
+  timeout 300 ${py} -m pytest -q -rfEs -p no:cacheprovider "${pytest_select[@]}" tests/python > "${out}/pytest.log" 2>&1
+  local pytest_rc=$?
+  local pytest_s=$((SECONDS - start))
+  grep -E "^(FAILED|ERROR|SKIPPED)" "${out}/pytest.log" | head -n 30
+  local py_summary py_gpu_skipped
+  py_summary=$(tail -n 1 "${out}/pytest.log")
+  py_gpu_skipped=$(grep -cE "^SKIPPED.*(test_gpu|\[cuda\]|on_cuda)" "${out}/pytest.log")
+  # The FLA and transformers tests again, with FLA 0.6.
+  local next_select="fla or transformers" next_rc next_summary
+  [[ ${#pytest_select[@]} -gt 0 ]] && next_select="gpu and (${next_select})"
+  start=${SECONDS}
+  if [[ -d "${fla_next}/fla" ]]; then
+    PYTHONPATH="${fla_next}" timeout 300 ${py} -m pytest -q -rfEs -p no:cacheprovider -m "${next_select}" tests/python \
+      > "${out}/pytest-fla-0.6.log" 2>&1
+    next_rc=$?
+    grep -E "^(FAILED|ERROR|SKIPPED)" "${out}/pytest-fla-0.6.log" | head -n 30
+    next_summary="FLA $(PYTHONPATH="${fla_next}" ${py} -c 'import fla; print(fla.__version__)' 2>/dev/null):"
+    next_summary+=" $(tail -n 1 "${out}/pytest-fla-0.6.log")"
+  else
+    next_rc=1
+    next_summary="FLA 0.6 wheels missing (.whl/fla-0.6: scripts/prepare_device.sh)"
+  fi
+  local next_s=$((SECONDS - start))
+
+  # --- quick benchmark (two rows of the published table, against FLA)
+  # FLA's Triton compile cache from an earlier run, where one was carried (bench).
+  fq_use_triton_cache
+  start=${SECONDS}
+  ${py} benchmarks/bench_fwd.py --rows '^397B/122B TP(8|1),1x8192$' --reps 5 --out "${out}/bench_quick.csv" \
+    > "${out}/bench_quick.log" 2>&1
+  local bench_rc=$?
+  local bench_s=$((SECONDS - start))
+
+  echo
+  echo "| step                         | result |"
+  echo "|------------------------------|--------|"
+  printf "| build (s)                    | %6s |\n" "${build_s}"
+  printf "| ctest (s)                    | %6s |\n" "${ctest_s}"
+  printf "| tests total                  | %6s |\n" "${total:-?}"
+  printf "| tests failed                 | %6s |\n" "${failed:-?}"
+  printf "| tests skipped (must be 0)    | %6s |\n" "${skipped}"
+  printf "| CUDA backend tests passed    | %6s |\n" "${gpu_ran}"
+  printf "| pip install . (s, rc)        | %3s %2s |\n" "${pip_s}" "${pip_rc}"
+  printf "| pytest (s, rc)               | %3s %2s |\n" "${pytest_s}" "${pytest_rc}"
+  printf "| python GPU tests skipped     | %6s |\n" "${py_gpu_skipped}"
+  printf "| pytest, FLA 0.6 (s, rc)      | %3s %2s |\n" "${next_s}" "${next_rc}"
+  printf "| quick benchmark (s, rc)      | %3s %2s |\n" "${bench_s}" "${bench_rc}"
+  echo "pytest: FLA $(${py} -c 'import fla; print(fla.__version__)' 2>/dev/null), transformers" \
+    "$(${py} -c 'import transformers; print(transformers.__version__)' 2>/dev/null): ${py_summary}"
+  echo "pytest with FLA 0.6: ${next_summary}"
+  grep -E "flashqla .* ms|latency" "${out}/bench_quick.log" | cut -c1-150
+  [[ ${ctest_rc} -eq 0 && ${skipped} -eq 0 && ${pip_rc} -eq 0 && ${pytest_rc} -eq 0 && ${py_gpu_skipped} -eq 0 \
+     && ${next_rc} -eq 0 && ${bench_rc} -eq 0 ]]
+}
+
+# --- bench -------------------------------------------------------------------
+cmd_bench() {
+  [[ $# -le 1 && "${1:-}" != -* ]] || { echo "usage: scripts/gpu.sh bench [ROWS-REGEX]"; exit 2; }
+  local out="${OUT:-benchmarks/results}"
+  mkdir -p "${out}"
+  fq_install_wheels "${out}/pip-wheels.log" || { tail -n 20 "${out}/pip-wheels.log"; exit 1; }
+  python3 -m pip install -q --no-index . > "${out}/pip-install.log" 2>&1 || { tail -n 40 "${out}/pip-install.log"; exit 1; }
+  fq_use_triton_cache
+  local limit=()
+  [[ -n "${BENCH_TIME_LIMIT:-}" ]] && limit=(timeout "${BENCH_TIME_LIMIT}")
+  "${limit[@]}" python3 benchmarks/bench_fwd.py --rows "${1:-}" --out-dir "${out}"
+  local bench_rc=$?
+  fq_save_triton_cache "${out}"
+  exit "${bench_rc}"
+}
+
+# --- full --------------------------------------------------------------------
+cmd_full() {
+  local lean=0 require_h200=${FULL_RUN_REQUIRE_H200:-0} budget=${FULL_RUN_SECONDS:-0} rows=()
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --lean) lean=1 ;;
+      --require-h200) require_h200=1 ;;
+      --budget) budget=${2:?--budget needs seconds}; shift ;;
+      -*) echo "usage: scripts/gpu.sh full [--lean] [--require-h200] [--budget S] [ROWS-REGEX]"; exit 2 ;;
+      *) rows+=("$1") ;;
+    esac
+    shift
+  done
+  local card
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  if [[ "${require_h200}" == 1 && "${card}" != *H200* ]]; then
+    echo "not an H200 (${card:-no GPU found}): no run"
+    exit 3
+  fi
+  local out="${OUT:-/tmp/flashqla-gpu-full-run}"
+  mkdir -p "${out}"
+  local logs
+  logs=$(mktemp -d)
+  if [[ ${lean} -eq 1 ]]; then
+    # Results land in $OUT as they are written: a run cut short keeps what it measured.
+    OUT="${logs}" bash "${FQ_GPU_SELF}" check --cpp-only || { tail -n 30 "${logs}/ctest.log"; exit 1; }
+    OUT="${out}" bash "${FQ_GPU_SELF}" bench "${rows[@]}" > "${out}/bench.log" 2>&1
+    local bench_rc=$?
+    tail -n 4 "${out}/bench.log"
+    python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/python > "${out}/pytest.log" 2>&1
+    local pytest_rc=$?
+    grep -E "^(FAILED|ERROR|SKIPPED)" "${out}/pytest.log" | head -n 20
+    echo "pytest -m gpu (rc ${pytest_rc}): $(tail -n 1 "${out}/pytest.log")"
+    [[ ${bench_rc} -eq 0 && ${pytest_rc} -eq 0 ]]
+    exit
+  fi
+  OUT="${logs}" bash "${FQ_GPU_SELF}" check --quick
+  local check_rc=$?
+  tar -czf "${out}/check_logs.tar.gz" -C "${logs}" .
+  if [[ ${check_rc} -ne 0 ]]; then
+    echo "check failed (rc ${check_rc}): no benchmark"
+    exit "${check_rc}"
+  fi
+  local bench
+  bench=$(mktemp -d)
+  if [[ ${budget} -gt 0 ]]; then
+    export BENCH_TIME_LIMIT=$(( budget - SECONDS - 40 > 60 ? budget - SECONDS - 40 : 60 ))
+  fi
+  OUT="${bench}" bash "${FQ_GPU_SELF}" bench "${rows[@]}" > "${out}/bench.log" 2>&1
+  local bench_rc=$?
+  cp "${bench}"/*.csv "${bench}"/*.json "${bench}"/triton-cache.tar.xz.part-* "${out}/" 2>/dev/null
+  tail -n 8 "${out}/bench.log"
+  exit "${bench_rc}"
+}
+
+# --- iterate -----------------------------------------------------------------
+cmd_iterate() {
+  [[ $# -eq 0 ]] || { echo "usage: scripts/gpu.sh iterate"; exit 2; }
+  local out="${OUT:-/tmp/flashqla-gpu-iterate}"
+  mkdir -p "${out}"
+  local build=build-gpu start
+  local bin="${build}/benchmarks/tools"
+  local tools=(fused_timing-current wgmma_rate wgmma_issue)
+  start=${SECONDS}
+  (fq_gpu_configure "${build}") > "${out}/configure.log" 2>&1 \
+    && fq_gpu_build "${build}" all "${tools[@]}" > "${out}/build.log" 2>&1
+  local build_rc=$?
+  local build_s=$((SECONDS - start))
+  if [[ ${build_rc} -ne 0 ]]; then
+    tail -n 40 "${out}/configure.log" "${out}/build.log"
+    echo "BUILD FAILED"
+    exit 1
+  fi
+
+  fq_gpu_probe "${build}" "${out}"
+  start=${SECONDS}
+  ctest --test-dir "${build}" --output-on-failure --timeout 120 -j 8 -R "Cuda|Sm90|gpu_" > "${out}/ctest.log" 2>&1
+  local ctest_rc=$?
+  local ctest_s=$((SECONDS - start))
+  grep -E "\*\*\*|Failed|Skipped" "${out}/ctest.log" | head -n 30
+  timeout 120 "${bin}/fused_timing-current" > "${out}/timing.log" 2>&1
+  timeout 60 "${bin}/wgmma_rate" > "${out}/rate.log" 2>&1
+  timeout 60 "${bin}/wgmma_issue" > "${out}/issue.log" 2>&1
+  cat "${out}/rate.log" "${out}/issue.log" "${out}/timing.log"
+  echo
+  echo "| step                        | result |"
+  echo "|-----------------------------|--------|"
+  printf "| build (s)                   | %6s |\n" "${build_s}"
+  printf "| GPU C++ tests (s, rc)       | %3s %2s |\n" "${ctest_s}" "${ctest_rc}"
+  printf "| GPU C++ tests total/skipped | %3s %2s |\n" \
+    "$(grep -oE "out of [0-9]+" "${out}/ctest.log" | grep -oE "[0-9]+" | tail -n 1)" "$(grep -c "(Skipped)" "${out}/ctest.log")"
+  cat "${out}/timing.log"
+  [[ ${ctest_rc} -eq 0 ]]
+}
+
+# --- compare -----------------------------------------------------------------
+# The versions to compare, as folder names in versions/ (exporting commits first
+# where git can resolve them), in the order given; none: every exported version,
+# in the order of versions/index.txt.
+compare_versions() {
+  local arg name
+  if [[ $# -eq 0 ]]; then
+    if [[ -f versions/index.txt ]]; then
+      while read -r name _; do
+        [[ -d "versions/${name}" ]] && echo "${name}"
+      done < versions/index.txt
+    else
+      for name in versions/*/; do [[ -d "${name}" ]] && basename "${name}"; done
+    fi
+    return 0
+  fi
+  for arg in "$@"; do
+    if [[ -d "versions/${arg}/src" ]]; then
+      echo "${arg}"
+    elif git rev-parse --verify -q "${arg}^{commit}" >/dev/null 2>&1; then
+      mkdir -p versions
+      fq_export_version "${arg}" | cut -d' ' -f1
+    else
+      echo "compare: ${arg} is neither a folder in versions/ nor a commit git knows here" \
+        "(export it where the history is: scripts/export_versions.sh ${arg}, and carry versions/)" >&2
+      return 1
+    fi
+  done
+}
+
+cmd_compare() {
+  local quick=${COMPARE_QUICK:-0} wgmma_issue=${COMPARE_WGMMA_ISSUE:-0} refs=()
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --quick) quick=1 ;;
+      --wgmma-issue) wgmma_issue=1 ;;
+      -*) echo "usage: scripts/gpu.sh compare [--quick] [--wgmma-issue] [VERSION...]"; exit 2 ;;
+      *) refs+=("$1") ;;
+    esac
+    shift
+  done
+  local list names=() name
+  list=$(compare_versions "${refs[@]}") || exit 2
+  [[ -n "${list}" ]] || { echo "compare: no versions (scripts/export_versions.sh REF..., carry versions/)"; exit 2; }
+  mapfile -t names <<< "${list}"
+  local out="${OUT:-/tmp/flashqla-compare}"
+  mkdir -p "${out}"
+  # A fresh build folder: every version's compile log is its build's.
+  local build=build-compare trees=() targets=()
+  local bin="${build}/benchmarks/tools" logs="${build}/benchmarks/tools/logs"
+  rm -rf "${build}"
+  for name in "${names[@]}"; do
+    trees+=("${FLASHQLA_REPO_ROOT}/versions/${name}")
+    targets+=("fused_timing-${name}")
+  done
+  [[ ${wgmma_issue} -eq 1 ]] && targets+=(wgmma_issue)
+  local tree_list
+  tree_list=$(IFS=';'; echo "${trees[*]}")
+  (fq_gpu_configure "${build}" -DFLASHQLA_BUILD_TESTS=OFF -DFLASHQLA_BUILD_EXAMPLES=OFF \
+    "-DFLASHQLA_TOOL_TREES=${tree_list}") > "${out}/configure.log" 2>&1 \
+    || { tail -n 30 "${out}/configure.log"; echo "CONFIGURE FAILED"; exit 1; }
+  fq_gpu_build "${build}" "${targets[@]}" > "${out}/build.log" 2>&1
+  if [[ ${wgmma_issue} -eq 1 ]]; then
+    { "${bin}/wgmma_issue" 2>&1 || tail -n 15 "${logs}/wgmma_issue.log"; } | tee "${out}/wgmma_issue.txt"
+  fi
+  local rounds=3 round
+  [[ ${quick} -eq 1 ]] && rounds=1
+  for name in "${names[@]}"; do
+    [[ -x "${bin}/fused_timing-${name}" ]] && continue
+    echo "=== ${name}: build failed:"; tail -n 15 "${logs}/fused_timing-${name}.log"
+  done
+  for round in $(seq 1 "${rounds}"); do
+    for name in "${names[@]}"; do
+      [[ -x "${bin}/fused_timing-${name}" ]] || continue
+      echo "=== ${name} (round ${round}): $(grep "^${name} " versions/index.txt 2>/dev/null | cut -d' ' -f2-)"
+      timeout 60 "${bin}/fused_timing-${name}" 2>&1 | grep -E "^B=|us per chunk|relative difference|error"
+    done
+  done | tee "${out}/compare.txt"
+  echo
+  python3 scripts/lib/compare_summary.py "${out}/compare.txt" | tee "${out}/summary.md"
+}
+
+# --- ncu ---------------------------------------------------------------------
+cmd_ncu() {
+  local shape=${NCU_SHAPE:-0} src=.
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --shape) shape=${2:?--shape needs a number}; shift ;;
+      -*) echo "usage: scripts/gpu.sh ncu [--shape N] [VERSION-DIR]"; exit 2 ;;
+      *) src=${1%/} ;;
+    esac
+    shift
+  done
+  local out="${OUT:-/tmp/flashqla-ncu}"
+  mkdir -p "${out}"
+  local build=build-ncu name=current tree="${FLASHQLA_REPO_ROOT}"
+  if [[ "${src}" != . ]]; then
+    tree=$(cd "${src}" && pwd) || exit 2
+    name=$(basename "${tree}")
+  fi
+  local bin="${build}/benchmarks/tools/fused_timing-${name}"
+  { (fq_gpu_configure "${build}" -DFLASHQLA_BUILD_TESTS=OFF -DFLASHQLA_BUILD_EXAMPLES=OFF \
+      "-DFLASHQLA_TOOL_TREES=${tree}") && fq_gpu_build "${build}" "fused_timing-${name}"; } > "${out}/ncu-build.log" 2>&1 \
+    || { tail -n 20 "${out}/ncu-build.log"; exit 1; }
+  ncu --set full --clock-control none --import-source yes -k regex:gdn_fwd_fused -c 1 -o "${out}/prof" "${bin}" "${shape}" \
+    > "${out}/ncu.log" 2>&1 || { tail -n 20 "${out}/ncu.log"; exit 1; }
+  ncu -i "${out}/prof.ncu-rep" --page source --csv --print-source sass > "${out}/source.csv" 2>&1
+  ncu -i "${out}/prof.ncu-rep" --page details --csv > "${out}/details.csv" 2>&1
+  # The profiled binary's cubins (-lineinfo, the library's flags), for ncu_by_line.py --cubin.
+  (cd "${out}" && cuobjdump -xelf all "${FLASHQLA_REPO_ROOT}/${bin}" > /dev/null 2>&1) \
+    || echo "(cuobjdump failed: no cubins)"
+  echo "ncu: ${out}/prof.ncu-rep, source.csv, details.csv, $(cd "${out}" && ls -- *.cubin 2>/dev/null | tr '\n' ' ')"
+}
+
+command=${1:-}
+[[ $# -gt 0 ]] && shift
+case "${command}" in
+  check) cmd_check "$@" ;;
+  bench) cmd_bench "$@" ;;
+  full) cmd_full "$@" ;;
+  iterate) cmd_iterate "$@" ;;
+  compare) cmd_compare "$@" ;;
+  ncu) cmd_ncu "$@" ;;
+  -h|--help|help) usage ;;
+  *) usage >&2; exit 2 ;;
+esac
