@@ -15,7 +15,7 @@ brought back:
 --per divides the executed counts (e.g. warps x chunks: 4 x 128 for the
 producer of a one-sequence 8192-token run); --range limits the rows to SASS
 instruction indices [a, b) (a side's loop, found from the executed counts).
-The cubin: the one of fused_phase_profile.cu that `scripts/gpu.sh ncu` extracts
+The cubin: the one of fused_chunk_latency.cu that `scripts/gpu.sh ncu` extracts
 from the profiled binary (cuobjdump -xelf all; -lineinfo is among the library's
 flags).
 """

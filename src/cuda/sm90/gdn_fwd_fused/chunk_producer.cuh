@@ -138,7 +138,7 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
   // The gate vectors of chunk cc (one warp: γ = inclusive in-chunk cumsum of
   // g, e^γ, e^{γ_C − γ}, β; rows >= L: g = 0, β = 0) from the raw bits loaded
   // before; then chunk cc + 1's loads. Warp 2 runs it for chunk c + 1 while
-  // warps 0 and 1 invert chunk c's diagonal blocks.
+  // warps 0 and 3 finish chunk c's 32x32 diagonal blocks of T.
   uint32_t g_next[2] = {}, b_next[2] = {};
   auto compute_gates = [&](int64_t cc) {
     const int Lc = chunk_rows(cc);
