@@ -52,7 +52,7 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
   auto p_tile = [&](int stage) { return s.p_tile(stage); };
   auto tb_tile = [&](int stage) { return s.t_beta_tile(stage); };
   auto chunk_rows = [&](int64_t c) { return int(min64(kChunk, int64_t(eos - bos) - c * kChunk)); };
-  float* const sm_t = s.inverse.t;  // T, [64][kLdF]
+  float* const t_fp32_tile = s.inverse.t;  // T, [64][kLdF]
   float* const sm_gamma = &s.gates.gamma[0][0];
   float* const sm_exp_gamma = &s.gates.exp_gamma[0][0];
   float* const sm_decay = &s.gates.decay[0][0];
@@ -83,17 +83,17 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
     tma::load_token_tile(v_tile(stage).base, &maps.v, bar, int(bos + c * kChunk), head_v, brow);
   };
   // Rows of a landed tile (warp: row blocks w and w + 4; lane: row lane % 8,
-  // 16-byte segments lane / 8 + 4 s of it, conflict-free): rows >= L zeroed
+  // 16-byte segments lane / 8 + 4 s of it, conflict-free): rows >= rows_in zeroed
   // (past a packed sequence's end they hold the next sequence's tokens), the
   // others scaled to x · rsqrt(Σx² + 1e-6) where normalize.
-  auto prepare_rows = [&](auto tile, int L, bool normalize) {
+  auto prepare_rows = [&](auto tile, int rows_in, bool normalize) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int r = (pwarp + 4 * half) * 8 + (lane & 7);
       uint4* seg[4];
 #pragma unroll
       for (int s4 = 0; s4 < 4; ++s4) seg[s4] = reinterpret_cast<uint4*>(tile.at(r, 8 * ((lane >> 3) + 4 * s4)));
-      if (r >= L) {
+      if (r >= rows_in) {
 #pragma unroll
         for (int s4 = 0; s4 < 4; ++s4) *seg[s4] = make_uint4(0u, 0u, 0u, 0u);
       }
@@ -126,11 +126,11 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
   // global load's latency).
   auto load_gates = [&](int64_t c, uint32_t (&gr)[2], uint32_t (&br)[2]) {
     const int64_t tc = int64_t(bos) + c * kChunk;
-    const int Lc = chunk_rows(c);
+    const int rows_in = chunk_rows(c);
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int r = 2 * lane + j;
-      const int64_t t = tc + (r < Lc ? r : 0);
+      const int64_t t = tc + (r < rows_in ? r : 0);
       gr[j] = load_raw(a.g, a.g_dtype, row * a.g_sb + t * a.g_st + hv);
       br[j] = load_raw(a.beta, a.beta_dtype, row * a.beta_sb + t * a.beta_st + hv);
     }
@@ -141,11 +141,11 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
   // warps 0 and 3 finish chunk c's 32x32 diagonal blocks of T.
   uint32_t g_next[2] = {}, b_next[2] = {};
   auto compute_gates = [&](int64_t cc) {
-    const int Lc = chunk_rows(cc);
+    const int rows_in = chunk_rows(cc);
     float gr[2], br[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const bool in = 2 * lane + j < Lc;
+      const bool in = 2 * lane + j < rows_in;
       gr[j] = in ? raw_to_float(g_next[j], a.g_dtype) : 0.f;
       br[j] = in ? activate_beta(raw_to_float(b_next[j], a.beta_dtype), a.beta_activation) : 0.f;
     }
@@ -158,7 +158,7 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
       if (lane >= off) incl += y;
     }
     const float g0 = incl - pair + gr[0], g1 = incl;
-    const float g_last = __shfl_sync(0xffffffffu, incl, 31);  // rows >= L add g = 0
+    const float g_last = __shfl_sync(0xffffffffu, incl, 31);  // rows past the end add g = 0
     const int gs = int(cc % kKStages) * kChunk, bs = int(cc & 1) * kChunk;
     sm_gamma[gs + 2 * lane] = g0 * kLog2e;
     sm_gamma[gs + 2 * lane + 1] = g1 * kLog2e;
@@ -200,11 +200,11 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
   // first.
   float acc[kChunk];
   auto issue_kkt = [&](int64_t cc) {
-    const int Lc = chunk_rows(cc);
+    const int rows_in = chunk_rows(cc);
     tma::wait(bar_k + cc % kKStages, uint32_t(cc / kKStages) & 1u);  // Q(cc), K(cc)
-    if (Lc < kChunk || a.use_qk_l2norm) {
-      prepare_rows(k_tile(cc), Lc, a.use_qk_l2norm);
-      prepare_rows(q_tile(cc), Lc, a.use_qk_l2norm);
+    if (rows_in < kChunk || a.use_qk_l2norm) {
+      prepare_rows(k_tile(cc), rows_in, a.use_qk_l2norm);
+      prepare_rows(q_tile(cc), rows_in, a.use_qk_l2norm);
       wgmma::fence_shared_for_async();  // Q and K are wgmma operands
       ProducerBarrier::sync();
     }
@@ -244,7 +244,7 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
       else if (pwarp == 1) load_qk_part(c + 1, false);
     }
     if (lane == 0 && pwarp == 2 && item.read_v) load_v(c, stage);
-    const int L = chunk_rows(c);
+    const int rows_in = chunk_rows(c);
     const auto vs = v_tile(stage);
     float* const gam = sm_gamma + int(c % kKStages) * kChunk;
     float* const bet = sm_beta + stage * kChunk;
@@ -255,15 +255,15 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
     // A = β (K Kᵀ ⊙ Γ), strictly lower, fp32: K Kᵀ (issued a chunk ahead,
     // issue_kkt) and its epilogue into T's tile; Pᵀ = (Q Kᵀ ⊙ Γ)ᵀ (issued
     // with it, K Qᵀ), its epilogue into the stage's P tile.
-    float* const tt = sm_t;
+    float* const t_fp32 = t_fp32_tile;
     {
       // The gates of this thread's rows and columns, read while the wgmmas finish.
-      const int g = ws::lane_id_again() >> 2, t4 = ws::lane_id_again() & 3;
+      const int lane_group = ws::lane_id_again() >> 2, lane_in_group = ws::lane_id_again() & 3;
       float2 g_col[kChunk / 8];
 #pragma unroll
-      for (int j = 0; j < kChunk / 8; ++j) g_col[j] = *reinterpret_cast<const float2*>(gam + 8 * j + 2 * t4);
-      const float g_row[2] = {gam[16 * pwarp + g], gam[16 * pwarp + g + 8]};
-      const float b_row[2] = {bet[16 * pwarp + g], bet[16 * pwarp + g + 8]};
+      for (int j = 0; j < kChunk / 8; ++j) g_col[j] = *reinterpret_cast<const float2*>(gam + 8 * j + 2 * lane_in_group);
+      const float g_row[2] = {gam[16 * pwarp + lane_group], gam[16 * pwarp + lane_group + 8]};
+      const float b_row[2] = {bet[16 * pwarp + lane_group], bet[16 * pwarp + lane_group + 8]};
       wgmma::wait<0>();
       wgmma::fence_operands(acc);
       // The epilogues, one pass over the warp's 16 token rows i (the warp index
@@ -301,10 +301,10 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
         const float* const acc_p = acc + kChunk / 2;  // Pᵀ's n8 tiles
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int i = 16 * kWarp + g + 8 * half;
+          const int i = 16 * kWarp + lane_group + 8 * half;
 #pragma unroll
           for (int j = 0; j < kChunk / 8; ++j) {
-            const int col = 8 * j + 2 * t4;
+            const int col = 8 * j + 2 * lane_in_group;
             const float e0 = masked_exp2(true, col < i ? g_row[half] - g_col[j].x : g_col[j].x - g_row[half]);
             const float e1 = masked_exp2(true, col + 1 < i ? g_row[half] - g_col[j].y : g_col[j].y - g_row[half]);
             if (j >= kFirstP)
@@ -320,8 +320,8 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
             // diagonal block's lower-left quadrant, transposed, unused).
             if (j >= kBelow) continue;
             if (j >= kDiag && j < kDiag + 4) {
-              tt[col * kLdF + i] = col < i ? acc[4 * j + 2 * half] * b_row[half] * e0 : 0.f;
-              tt[(col + 1) * kLdF + i] = col + 1 < i ? acc[4 * j + 2 * half + 1] * b_row[half] * e1 : 0.f;
+              t_fp32[col * kLdF + i] = col < i ? acc[4 * j + 2 * half] * b_row[half] * e0 : 0.f;
+              t_fp32[(col + 1) * kLdF + i] = col + 1 < i ? acc[4 * j + 2 * half + 1] * b_row[half] * e1 : 0.f;
             }
             if (!kSymmetric && j >= kQuarter && j < kQuarter + 2)
               *reinterpret_cast<uint32_t*>(tb.at(i, col)) =
@@ -349,7 +349,7 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
     // as broadcast float4s.
     {
       const int b0 = 16 * pwarp, col = lane & 15;
-      const float* const a_cols = tt + b0 * kLdF + b0;  // a_cols[m kLdF + r] = A[b0 + r][b0 + m]
+      const float* const a_cols = t_fp32 + b0 * kLdF + b0;  // a_cols[m kLdF + r] = A[b0 + r][b0 + m]
       // The identity column, built here each chunk: as loop-invariant values
       // ptxas would keep them live across the chunk loop; the volatile move
       // pins them inside.
@@ -387,7 +387,7 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
             const int r0 = 8 * h + e;  // lanes ..15 store row r0, lanes 16.. row r0 + 4
             const int r = r0 + (upper ? 4 : 0);
             const float xr = upper ? x[r0 + 4] : x[r0];
-            tt[(b0 + r) * kLdF + b0 + col] = xr;
+            t_fp32[(b0 + r) * kLdF + b0 + col] = xr;
             *tb.at(b0 + r, b0 + col) = Element(xr * b_col);
           }
         }
@@ -408,25 +408,25 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
     if (pwarp == 0 || pwarp == 3) {
       const int b0 = 32 * (pwarp / 2);
       float m16[2][4] = {};
-      mma::mma_tf32_16x16x16_bt(m16, tt + (b0 + 16) * kLdF + b0 + 16, kLdF, tt + b0 * kLdF + b0 + 16, kLdF, lane);
+      mma::mma_tf32_16x16x16_bt(m16, t_fp32 + (b0 + 16) * kLdF + b0 + 16, kLdF, t_fp32 + b0 * kLdF + b0 + 16, kLdF, lane);
       float t16[2][4] = {};  // M T_00 = −T_10
-      mma::mma_tf32_16x16x16_acc_a(t16, m16, tt + b0 * kLdF + b0, kLdF, lane);
-      const int g = ws::lane_id_again() >> 2, t4 = ws::lane_id_again() & 3;
+      mma::mma_tf32_16x16x16_acc_a(t16, m16, t_fp32 + b0 * kLdF + b0, kLdF, lane);
+      const int lane_group = ws::lane_id_again() >> 2, lane_in_group = ws::lane_id_again() & 3;
       const OperandTile tb = tb_tile(stage);
 #pragma unroll
       for (int nt = 0; nt < 2; ++nt) {
-        const int cc = b0 + 8 * nt + 2 * t4, row = b0 + 16 + g;
+        const int cc = b0 + 8 * nt + 2 * lane_in_group, r = b0 + 16 + lane_group;
         const float2 b = *reinterpret_cast<const float2*>(bet + cc);
-        *reinterpret_cast<uint32_t*>(tb.at(row, cc)) = M::pack(-t16[nt][0] * b.x, -t16[nt][1] * b.y);
-        *reinterpret_cast<uint32_t*>(tb.at(row + 8, cc)) = M::pack(-t16[nt][2] * b.x, -t16[nt][3] * b.y);
+        *reinterpret_cast<uint32_t*>(tb.at(r, cc)) = M::pack(-t16[nt][0] * b.x, -t16[nt][1] * b.y);
+        *reinterpret_cast<uint32_t*>(tb.at(r + 8, cc)) = M::pack(-t16[nt][2] * b.x, -t16[nt][3] * b.y);
       }
     }
     // (No barrier: nothing of the producer's reads these blocks again in this
     // chunk, and the hand-over's barrier orders them for the state warpgroups.)
     if (item.read_v) {
       tma::wait(bar_qv + stage, uint32_t(c >> 1) & 1u);  // V(c)
-      if (L < kChunk) {
-        prepare_rows(vs, L, false);
+      if (rows_in < kChunk) {
+        prepare_rows(vs, rows_in, false);
         wgmma::fence_shared_for_async();  // V is a wgmma operand
       }
     }
