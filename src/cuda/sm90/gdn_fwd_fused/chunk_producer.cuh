@@ -4,11 +4,16 @@
 // diagonal blocks of T = (I + A)⁻¹ times β, and the hand-over to the state
 // warpgroups. Steps named after the algebra of docs/design.md.
 //
-// The steps are lambdas of run_chunk_producer over its locals, in the order the
-// kernel was tuned in: the same steps as member functions of a producer object
-// compiled to the same instructions in another order, 1% slower at full load on
-// the H100 (docs/perf.md, "tried"); the producer sits on the kernel's critical
-// path and its instruction schedule is part of its speed.
+// The steps are functions a second kernel can call (the loads, the rows'
+// preparation, the gates, K [K; Q]ᵀ, the decayed epilogues); run_chunk_producer
+// composes them in the order the kernel was tuned in, and keeps the two levels of
+// the inverse inline in its chunk loop. Each step was moved out only where the
+// kernel's instructions stayed the same, in the same order: the producer is on
+// the kernel's critical path, and its schedule is part of its speed (as member
+// functions of a producer object the same steps ran 1% slower at full load;
+// the inverse's levels as functions, even as immediately invoked lambdas,
+// reorder the gate loads; docs/perf.md, "What was tried").
+
 #pragma once
 
 #include <type_traits>
@@ -34,6 +39,220 @@ __device__ __forceinline__ float masked_exp2(bool keep, float x) {
   return y;
 }
 constexpr float kLog2e = 1.4426950408889634f;
+
+// Chunk c's k (its two 64-feature boxes, with the stage barrier's byte count for
+// both tensors) or q (its two boxes) into the stage's [K; Q] tile by TMA: each
+// 64-feature column block holds k's rows, then q's. One thread; `token` is the
+// chunk's first token.
+template <typename Element>
+__device__ __forceinline__ void load_qk_half(SharedStorage<Element>& s, const TokenMaps& maps, int64_t c, bool k_part,
+                                             int token, int head, int row) {
+  uint64_t* const bar = s.qk_loaded + QKPipeline::of(c).index;
+  if (k_part) tma::arrive_expect_bytes(bar, 2 * kChunk * kDim * int(sizeof(Element)));
+  const auto t = k_part ? s.k_tile(c) : s.q_tile(c);
+#pragma unroll
+  for (int b = 0; b < 2; ++b) tma::load_token_tile(t.at(0, 64 * b), k_part ? &maps.k : &maps.q, bar, token, head, row, b);
+}
+
+// A chunk's v into hand-over stage `stage` by TMA (one thread).
+template <typename Element>
+__device__ __forceinline__ void load_v_tile(SharedStorage<Element>& s, const TokenMaps& maps, int stage, int token,
+                                            int head, int row) {
+  uint64_t* const bar = s.v_loaded + stage;
+  tma::arrive_expect_bytes(bar, kChunk * kDim * int(sizeof(Element)));
+  tma::load_token_tile(s.v_tile(stage).base, &maps.v, bar, token, head, row);
+}
+
+// Rows of a landed [64 tokens][128] token tile, by the producer warpgroup (warp
+// pwarp: row blocks pwarp and pwarp + 4; lane: row lane % 8, 16-byte segments
+// lane / 8 + 4 s of it, conflict-free): rows >= rows_in zeroed (past a packed
+// sequence's end they hold the next sequence's tokens), the others scaled to
+// x · rsqrt(Σx² + 1e-6) where normalize (q/k l2norm).
+template <typename Element, typename Tile>
+__device__ __forceinline__ void prepare_token_rows(Tile tile, int rows_in, bool normalize, int pwarp, int lane) {
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = (pwarp + 4 * half) * 8 + (lane & 7);
+    uint4* seg[4];
+#pragma unroll
+    for (int s4 = 0; s4 < 4; ++s4) seg[s4] = reinterpret_cast<uint4*>(tile.at(r, 8 * ((lane >> 3) + 4 * s4)));
+    if (r >= rows_in) {
+#pragma unroll
+      for (int s4 = 0; s4 < 4; ++s4) *seg[s4] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    if (!normalize) continue;
+    uint4 raw[4];
+    float ss = 0.f;
+#pragma unroll
+    for (int s4 = 0; s4 < 4; ++s4) {
+      raw[s4] = *seg[s4];
+      const Element* e = reinterpret_cast<const Element*>(&raw[s4]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss += float(e[i]) * float(e[i]);
+    }
+    ss += __shfl_xor_sync(0xffffffffu, ss, 8);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 16);
+    const float rs = rsqrtf(ss + 1e-6f);
+#pragma unroll
+    for (int s4 = 0; s4 < 4; ++s4) {
+      Element* e = reinterpret_cast<Element*>(&raw[s4]);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) e[i] = Element(float(e[i]) * rs);
+      *seg[s4] = raw[s4];
+    }
+  }
+}
+
+// Raw bits of g and β at rows 2 lane and 2 lane + 1 of a chunk (one warp; the
+// chunk's first token `first`, rows_in of its rows in the sequence: rows past
+// them read a valid row, zeroed where converted), loaded a chunk ahead so their
+// latency hides behind other work: converted only where used (a conversion next
+// to the load would stall the warp for the global load's latency).
+__device__ __forceinline__ void load_gate_bits(const ForwardArgs& a, int64_t row, int64_t hv, int64_t first,
+                                               int rows_in, int lane, uint32_t (&g_bits)[2], uint32_t (&b_bits)[2]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int r = 2 * lane + j;
+    const int64_t t = first + (r < rows_in ? r : 0);
+    g_bits[j] = load_raw(a.g, a.g_dtype, row * a.g_sb + t * a.g_st + hv);
+    b_bits[j] = load_raw(a.beta, a.beta_dtype, row * a.beta_sb + t * a.beta_st + hv);
+  }
+}
+
+// g and the activated β of rows 2 lane and 2 lane + 1 from their raw bits (0
+// past rows_in).
+__device__ __forceinline__ void gates_from_bits(const ForwardArgs& a, const uint32_t (&g_bits)[2],
+                                                const uint32_t (&b_bits)[2], int rows_in, int lane, float (&g)[2],
+                                                float (&beta)[2]) {
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const bool in = 2 * lane + j < rows_in;
+    g[j] = in ? raw_to_float(g_bits[j], a.g_dtype) : 0.f;
+    beta[j] = in ? activate_beta(raw_to_float(b_bits[j], a.beta_dtype), a.beta_activation) : 0.f;
+  }
+}
+
+// A chunk's gate vectors (one warp, rows 2 lane and 2 lane + 1): γ = the
+// inclusive in-chunk cumsum of g, stored as γ log2(e) (what the epilogues'
+// exponentials take), e^γ and e^{γ_C − γ} (γ_C: the chunk's last γ; rows past
+// the end add g = 0), and β.
+__device__ __forceinline__ void store_gate_vectors(const float (&g)[2], const float (&beta)[2], int lane,
+                                                   float* gamma_log2e, float* exp_gamma, float* decay,
+                                                   float* beta_out) {
+  const float pair = g[0] + g[1];
+  float incl = pair;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const float y = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += y;
+  }
+  const float g0 = incl - pair + g[0], g1 = incl;
+  const float g_last = __shfl_sync(0xffffffffu, incl, 31);
+  gamma_log2e[2 * lane] = g0 * kLog2e;
+  gamma_log2e[2 * lane + 1] = g1 * kLog2e;
+  exp_gamma[2 * lane] = __expf(g0);
+  exp_gamma[2 * lane + 1] = __expf(g1);
+  decay[2 * lane] = __expf(g_last - g0);
+  decay[2 * lane + 1] = __expf(g_last - g1);
+  beta_out[2 * lane] = beta[0];
+  beta_out[2 * lane + 1] = beta[1];
+}
+
+// K [K; Q]ᵀ of chunk c (wgmma m64n128, A = K, B = the stage's [K; Q], both
+// K-major) into acc, by the producer warpgroup: n8 tiles ..7 K Kᵀ, 8.. K Qᵀ = Pᵀ
+// before its decay; committed, not waited for. First waits for the chunk's q and
+// k, zeroes their rows past rows_in and applies the l2norm (then a producer
+// barrier: every warp's rows before the wgmmas read them).
+template <typename Element>
+__device__ __forceinline__ void issue_key_products(SharedStorage<Element>& s, int64_t c, int rows_in, bool l2norm,
+                                                   int pwarp, int lane, float (&acc)[kChunk]) {
+  const QKPipeline qk = QKPipeline::of(c);
+  tma::wait(s.qk_loaded + qk.index, qk.phase);  // Q(c), K(c)
+  if (rows_in < kChunk || l2norm) {
+    prepare_token_rows<Element>(s.k_tile(c), rows_in, l2norm, pwarp, lane);
+    prepare_token_rows<Element>(s.q_tile(c), rows_in, l2norm, pwarp, lane);
+    wgmma::fence_shared_for_async();  // Q and K are wgmma operands
+    ProducerBarrier::sync();
+  }
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) acc[i] = 0.f;
+  wgmma::fence(acc);
+  const auto kt = s.k_tile(c);  // A: its rows ..63 (K); B: all 128 ([K; Q])
+#pragma unroll
+  for (int k = 0; k < kDim / 16; ++k)
+    wgmma::mma_ss<Element, 2 * kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(kt, 16 * k),
+                                                             wgmma::kmajor_desc(kt, 16 * k), acc);
+  wgmma::commit();
+}
+
+// The decayed epilogues of K Kᵀ and K Qᵀ, one pass over warp kWarp's 16 token
+// rows i (the warp index a compile-time constant: each warp's code knows which
+// of its column tiles hold what). One exponential a position (i, j), shared by the
+// entries there: e^{γ_i − γ_j} below the diagonal (A's and L_10's),
+// e^{γ_j − γ_i} on and above it (Pᵀ's, and the L_10 quarters warps 0 and
+// 1 take from above the diagonal, below); 32 a thread on every warp:
+// - Pᵀ = (Q Kᵀ ⊙ Γ)ᵀ, 0 below the diagonal ((K Qᵀ)[i][j] = (Q Kᵀ)[j][i],
+//   taken for j >= i), into the stage's P tile as it is (the state
+//   warpgroups read it as an MN-major operand); column tiles wholly left
+//   of the warp's rows (8 j + 7 < 16 w) are zeros, written once for the
+//   item (below), not a chunk;
+// - A = β (K Kᵀ ⊙ Γ), 0 on and above the diagonal: the warp's 16 rows of
+//   its 32x32 diagonal block, transposed into T's tile (inverted there in
+//   place; the substitution reads them so, conflict-free);
+// - a quarter of the block below the diagonal blocks, L_10 = (K Kᵀ ⊙ Γ)'s
+//   rows 32.., columns ..31 (A_10 without β), in 16 bits into Tβ's tile
+//   there, the state warpgroups' operand (T's block below the diagonal
+//   is never formed: step 2 of the state warpgroups). K Kᵀ is symmetric,
+//   so warps 0 and 1 take their quarters from their own rows' columns
+//   32..63 (warp 0: L_10[16..31][0..15], warp 1: L_10[0..15][16..31];
+//   the factor there e^{γ_j − γ_i}, Pᵀ's); warps 2 and 3 theirs
+//   directly (warp 2: L_10[0..15][0..15], warp 3: L_10[16..31][16..31]).
+// The rest of the accumulators is never read.
+// gate_col: γ log2(e) of this thread's columns (8 j + 2 lane_in_group, + 1),
+// gate_row of its two rows, beta_row their β; pt and tb the stage's P and Tβ
+// tiles, t_fp32 T's fp32 tile.
+template <int kWarp, typename Element>
+__device__ __forceinline__ void decay_key_products(const float (&acc)[kChunk], const float2 (&g_col)[kChunk / 8],
+                                                   const float (&g_row)[2], const float (&b_row)[2], int lane_group,
+                                                   int lane_in_group, const mma::CoreTile<Element, kChunk>& pt,
+                                                   const mma::CoreTile<Element, kChunk>& tb, float* const& t_fp32) {
+  using M = mma::Mma<Element>;
+  constexpr int kDiag = 4 * (kWarp / 2);                  // the diagonal block's first column tile
+  constexpr int kQuarter = kWarp < 2 ? 6 - 2 * kWarp : 2 * (kWarp - 2);  // the quarter's
+  constexpr bool kSymmetric = kWarp < 2;
+  constexpr int kBelow = 2 * kWarp + 2;  // column tiles >= this are above every row of the warp
+  constexpr int kFirstP = 2 * kWarp;     // column tiles < this are left of every row of the warp
+  const float* const acc_p = acc + kChunk / 2;  // Pᵀ's n8 tiles
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = 16 * kWarp + lane_group + 8 * half;
+#pragma unroll
+    for (int j = 0; j < kChunk / 8; ++j) {
+      const int col = 8 * j + 2 * lane_in_group;
+      const float e0 = masked_exp2(true, col < i ? g_row[half] - g_col[j].x : g_col[j].x - g_row[half]);
+      const float e1 = masked_exp2(true, col + 1 < i ? g_row[half] - g_col[j].y : g_col[j].y - g_row[half]);
+      if (j >= kFirstP)
+        *reinterpret_cast<uint32_t*>(pt.at(i, col)) =
+            M::pack(col >= i ? acc_p[4 * j + 2 * half] * e0 : 0.f,
+                    col + 1 >= i ? acc_p[4 * j + 2 * half + 1] * e1 : 0.f);
+      if (kSymmetric && j >= kQuarter && j < kQuarter + 2) {
+        // (K Kᵀ)[i][col] is L's entry at row col (>= 32 > i), column i.
+        *tb.at(col, i) = Element(acc[4 * j + 2 * half] * e0);
+        *tb.at(col + 1, i) = Element(acc[4 * j + 2 * half + 1] * e1);
+      }
+      // A's entries above the warp's rows are never read (in the
+      // diagonal block's lower-left quadrant, transposed, unused).
+      if (j >= kBelow) continue;
+      if (j >= kDiag && j < kDiag + 4) {
+        t_fp32[col * kLdF + i] = col < i ? acc[4 * j + 2 * half] * b_row[half] * e0 : 0.f;
+        t_fp32[(col + 1) * kLdF + i] = col + 1 < i ? acc[4 * j + 2 * half + 1] * b_row[half] * e1 : 0.f;
+      }
+      if (!kSymmetric && j >= kQuarter && j < kQuarter + 2)
+        *reinterpret_cast<uint32_t*>(tb.at(i, col)) =
+            M::pack(acc[4 * j + 2 * half] * e0, acc[4 * j + 2 * half + 1] * e1);
+    }
+  }
+}
 
 // Runs the producer warpgroup of a work item: pwarp is the warp in the
 // warpgroup, [bos, eos) the item's tokens (bos its first), n_chunks its chunks.
@@ -66,108 +285,28 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
   // (c / 2)-th use).
   const bool loader = tid == kStateThreads;
   const int head_qk = int(h), head_v = int(hv), brow = int(row);
-  // Chunk c's k (its two 64-feature boxes, with the barrier's byte count for
-  // both tensors) or q (its two boxes) into the stage's [K; Q] tile: each
-  // 64-feature column block holds k's rows, then q's.
   auto load_qk_part = [&](int64_t c, bool k_part) {
-    uint64_t* const bar = bar_k + c % kKStages;
-    if (k_part) tma::arrive_expect_bytes(bar, 2 * kChunk * kDim * int(sizeof(Element)));
-    const auto t = k_part ? k_tile(c) : q_tile(c);
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-      tma::load_token_tile(t.at(0, 64 * b), k_part ? &maps.k : &maps.q, bar, int(bos + c * kChunk), head_qk, brow, b);
+    load_qk_half(s, maps, c, k_part, int(bos + c * kChunk), head_qk, brow);
   };
   auto load_v = [&](int64_t c, int stage) {  // only where item.read_v
-    uint64_t* const bar = bar_qv + stage;
-    tma::arrive_expect_bytes(bar, kChunk * kDim * int(sizeof(Element)));
-    tma::load_token_tile(v_tile(stage).base, &maps.v, bar, int(bos + c * kChunk), head_v, brow);
+    load_v_tile(s, maps, stage, int(bos + c * kChunk), head_v, brow);
   };
-  // Rows of a landed tile (warp: row blocks w and w + 4; lane: row lane % 8,
-  // 16-byte segments lane / 8 + 4 s of it, conflict-free): rows >= rows_in zeroed
-  // (past a packed sequence's end they hold the next sequence's tokens), the
-  // others scaled to x · rsqrt(Σx² + 1e-6) where normalize.
   auto prepare_rows = [&](auto tile, int rows_in, bool normalize) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int r = (pwarp + 4 * half) * 8 + (lane & 7);
-      uint4* seg[4];
-#pragma unroll
-      for (int s4 = 0; s4 < 4; ++s4) seg[s4] = reinterpret_cast<uint4*>(tile.at(r, 8 * ((lane >> 3) + 4 * s4)));
-      if (r >= rows_in) {
-#pragma unroll
-        for (int s4 = 0; s4 < 4; ++s4) *seg[s4] = make_uint4(0u, 0u, 0u, 0u);
-      }
-      if (!normalize) continue;
-      uint4 raw[4];
-      float ss = 0.f;
-#pragma unroll
-      for (int s4 = 0; s4 < 4; ++s4) {
-        raw[s4] = *seg[s4];
-        const Element* e = reinterpret_cast<const Element*>(&raw[s4]);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) ss += float(e[i]) * float(e[i]);
-      }
-      ss += __shfl_xor_sync(0xffffffffu, ss, 8);
-      ss += __shfl_xor_sync(0xffffffffu, ss, 16);
-      const float rs = rsqrtf(ss + 1e-6f);
-#pragma unroll
-      for (int s4 = 0; s4 < 4; ++s4) {
-        Element* e = reinterpret_cast<Element*>(&raw[s4]);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) e[i] = Element(float(e[i]) * rs);
-        *seg[s4] = raw[s4];
-      }
-    }
+    prepare_token_rows<Element>(tile, rows_in, normalize, pwarp, lane);
   };
-  // Gates of a chunk as raw bits (warp 0, rows 2 lane and 2 lane + 1; rows
-  // past the end read a valid row and are zeroed where converted), loaded
-  // one chunk ahead so their latency hides behind A and T: converted only
-  // where used (a conversion next to the load would stall the warp for the
-  // global load's latency).
   auto load_gates = [&](int64_t c, uint32_t (&gr)[2], uint32_t (&br)[2]) {
-    const int64_t tc = int64_t(bos) + c * kChunk;
-    const int rows_in = chunk_rows(c);
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int r = 2 * lane + j;
-      const int64_t t = tc + (r < rows_in ? r : 0);
-      gr[j] = load_raw(a.g, a.g_dtype, row * a.g_sb + t * a.g_st + hv);
-      br[j] = load_raw(a.beta, a.beta_dtype, row * a.beta_sb + t * a.beta_st + hv);
-    }
+    load_gate_bits(a, row, hv, int64_t(bos) + c * kChunk, chunk_rows(c), lane, gr, br);
   };
-  // The gate vectors of chunk cc (one warp: γ = inclusive in-chunk cumsum of
-  // g, e^γ, e^{γ_C − γ}, β; rows >= L: g = 0, β = 0) from the raw bits loaded
-  // before; then chunk cc + 1's loads. Warp 2 runs it for chunk c + 1 while
-  // warps 0 and 3 finish chunk c's 32x32 diagonal blocks of T.
+  // Chunk cc's gate vectors from the raw bits loaded before, then chunk cc + 1's
+  // loads: warp 2, for chunk c + 1 while warps 0 and 3 finish chunk c's 32x32
+  // diagonal blocks of T.
   uint32_t g_next[2] = {}, b_next[2] = {};
   auto compute_gates = [&](int64_t cc) {
-    const int rows_in = chunk_rows(cc);
     float gr[2], br[2];
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const bool in = 2 * lane + j < rows_in;
-      gr[j] = in ? raw_to_float(g_next[j], a.g_dtype) : 0.f;
-      br[j] = in ? activate_beta(raw_to_float(b_next[j], a.beta_dtype), a.beta_activation) : 0.f;
-    }
+    gates_from_bits(a, g_next, b_next, chunk_rows(cc), lane, gr, br);
     if (cc + 1 < n_chunks) load_gates(cc + 1, g_next, b_next);
-    const float pair = gr[0] + gr[1];
-    float incl = pair;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const float y = __shfl_up_sync(0xffffffffu, incl, off);
-      if (lane >= off) incl += y;
-    }
-    const float g0 = incl - pair + gr[0], g1 = incl;
-    const float g_last = __shfl_sync(0xffffffffu, incl, 31);  // rows past the end add g = 0
     const int gs = int(cc % kKStages) * kChunk, bs = int(cc & 1) * kChunk;
-    sm_gamma[gs + 2 * lane] = g0 * kLog2e;
-    sm_gamma[gs + 2 * lane + 1] = g1 * kLog2e;
-    sm_exp_gamma[gs + 2 * lane] = __expf(g0);
-    sm_exp_gamma[gs + 2 * lane + 1] = __expf(g1);
-    sm_decay[gs + 2 * lane] = __expf(g_last - g0);
-    sm_decay[gs + 2 * lane + 1] = __expf(g_last - g1);
-    sm_beta[bs + 2 * lane] = br[0];
-    sm_beta[bs + 2 * lane + 1] = br[1];
+    store_gate_vectors(gr, br, lane, sm_gamma + gs, sm_exp_gamma + gs, sm_decay + gs, sm_beta + bs);
   };
   if (pwarp == 2 && n_chunks > 0) {  // chunk 0's before the loop (the barrier below orders them)
     load_gates(0, g_next, b_next);
@@ -177,7 +316,7 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
   // each warp's rows and the upper-right 16x16 quadrants of Tβ's 32x32
   // diagonal blocks stay zero (the epilogues and the inverse write the rest
   // that is read every chunk).
-      for (int i = tid - kStateThreads; i < int(sizeof(s.p) + sizeof(s.t_beta)) / 16; i += kProducerThreads)
+  for (int i = tid - kStateThreads; i < int(sizeof(s.p) + sizeof(s.t_beta)) / 16; i += kProducerThreads)
     reinterpret_cast<uint4*>(s.p)[i] = make_uint4(0u, 0u, 0u, 0u);
   wgmma::fence_shared_for_async();
   if (!item.read_v) {  // v = 0 (a piece's transition): both v stages zeroed once, never loaded
@@ -192,31 +331,12 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
     load_qk_part(0, true);
     load_qk_part(0, false);
   }
-  // K [K; Q]ᵀ of chunk cc (wgmma m64n128, A = K, B = the stage's [K; Q],
-  // both K-major) into acc: n8 tiles ..7 K Kᵀ, 8.. K Qᵀ = Pᵀ before its
-  // decay. Issued a chunk ahead: at the end of chunk cc − 1's work, so that it
+  // K [K; Q]ᵀ issued a chunk ahead: at the end of chunk cc − 1's work, so that it
   // runs behind the hand-over and the wait for a free stage, and chunk cc's
-  // epilogue finds it done. Rows past the end are zeroed (and l2-normalized)
-  // first.
+  // epilogue finds it done.
   float acc[kChunk];
   auto issue_kkt = [&](int64_t cc) {
-    const int rows_in = chunk_rows(cc);
-    tma::wait(bar_k + cc % kKStages, uint32_t(cc / kKStages) & 1u);  // Q(cc), K(cc)
-    if (rows_in < kChunk || a.use_qk_l2norm) {
-      prepare_rows(k_tile(cc), rows_in, a.use_qk_l2norm);
-      prepare_rows(q_tile(cc), rows_in, a.use_qk_l2norm);
-      wgmma::fence_shared_for_async();  // Q and K are wgmma operands
-      ProducerBarrier::sync();
-    }
-#pragma unroll
-    for (int i = 0; i < kChunk; ++i) acc[i] = 0.f;
-    wgmma::fence(acc);
-    const auto kt = k_tile(cc);  // A: its rows ..63 (K); B: all 128 ([K; Q])
-#pragma unroll
-    for (int k = 0; k < kDim / 16; ++k)
-      wgmma::mma_ss<Element, 2 * kChunk, wgmma::kK, wgmma::kK>(wgmma::kmajor_desc(kt, 16 * k),
-                                                         wgmma::kmajor_desc(kt, 16 * k), acc);
-    wgmma::commit();
+    issue_key_products(s, cc, chunk_rows(cc), a.use_qk_l2norm, pwarp, lane, acc);
   };
   // Chunk 0's gates written (warp 2) before any warp reads them: no other
   // barrier of the producer's comes between (the loads' barriers order TMA's
@@ -266,74 +386,13 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
       const float b_row[2] = {bet[16 * pwarp + lane_group], bet[16 * pwarp + lane_group + 8]};
       wgmma::wait<0>();
       wgmma::fence_operands(acc);
-      // The epilogues, one pass over the warp's 16 token rows i (the warp index
-      // a compile-time constant: each warp's code knows which of its column
-      // tiles hold what). One exponential a position (i, j), shared by the
-      // entries there: e^{γ_i − γ_j} below the diagonal (A's and L_10's),
-      // e^{γ_j − γ_i} on and above it (Pᵀ's, and the L_10 quarters warps 0 and
-      // 1 take from above the diagonal, below); 32 a thread on every warp:
-      // - Pᵀ = (Q Kᵀ ⊙ Γ)ᵀ, 0 below the diagonal ((K Qᵀ)[i][j] = (Q Kᵀ)[j][i],
-      //   taken for j >= i), into the stage's P tile as it is (the state
-      //   warpgroups read it as an MN-major operand); column tiles wholly left
-      //   of the warp's rows (8 j + 7 < 16 w) are zeros, written once for the
-      //   item (below), not a chunk;
-      // - A = β (K Kᵀ ⊙ Γ), 0 on and above the diagonal: the warp's 16 rows of
-      //   its 32x32 diagonal block, transposed into T's tile (inverted there in
-      //   place; the substitution reads them so, conflict-free);
-      // - a quarter of the block below the diagonal blocks, L_10 = (K Kᵀ ⊙ Γ)'s
-      //   rows 32.., columns ..31 (A_10 without β), in 16 bits into Tβ's tile
-      //   there, the state warpgroups' operand (T's block below the diagonal
-      //   is never formed: step 2 of the state warpgroups). K Kᵀ is symmetric,
-      //   so warps 0 and 1 take their quarters from their own rows' columns
-      //   32..63 (warp 0: L_10[16..31][0..15], warp 1: L_10[0..15][16..31];
-      //   the factor there e^{γ_j − γ_i}, Pᵀ's); warps 2 and 3 theirs
-      //   directly (warp 2: L_10[0..15][0..15], warp 3: L_10[16..31][16..31]).
-      // The rest of the accumulators is never read.
+      // The decayed epilogues (decay_key_products).
       const OperandTile pt = p_tile(stage);
       const OperandTile tb = tb_tile(stage);
-      auto epilogue = [&](auto warp_index) {
-        constexpr int kWarp = decltype(warp_index)::value;
-        constexpr int kDiag = 4 * (kWarp / 2);                  // the diagonal block's first column tile
-        constexpr int kQuarter = kWarp < 2 ? 6 - 2 * kWarp : 2 * (kWarp - 2);  // the quarter's
-        constexpr bool kSymmetric = kWarp < 2;
-        constexpr int kBelow = 2 * kWarp + 2;  // column tiles >= this are above every row of the warp
-        constexpr int kFirstP = 2 * kWarp;     // column tiles < this are left of every row of the warp
-        const float* const acc_p = acc + kChunk / 2;  // Pᵀ's n8 tiles
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int i = 16 * kWarp + lane_group + 8 * half;
-#pragma unroll
-          for (int j = 0; j < kChunk / 8; ++j) {
-            const int col = 8 * j + 2 * lane_in_group;
-            const float e0 = masked_exp2(true, col < i ? g_row[half] - g_col[j].x : g_col[j].x - g_row[half]);
-            const float e1 = masked_exp2(true, col + 1 < i ? g_row[half] - g_col[j].y : g_col[j].y - g_row[half]);
-            if (j >= kFirstP)
-              *reinterpret_cast<uint32_t*>(pt.at(i, col)) =
-                  M::pack(col >= i ? acc_p[4 * j + 2 * half] * e0 : 0.f,
-                          col + 1 >= i ? acc_p[4 * j + 2 * half + 1] * e1 : 0.f);
-            if (kSymmetric && j >= kQuarter && j < kQuarter + 2) {
-              // (K Kᵀ)[i][col] is L's entry at row col (>= 32 > i), column i.
-              *tb.at(col, i) = Element(acc[4 * j + 2 * half] * e0);
-              *tb.at(col + 1, i) = Element(acc[4 * j + 2 * half + 1] * e1);
-            }
-            // A's entries above the warp's rows are never read (in the
-            // diagonal block's lower-left quadrant, transposed, unused).
-            if (j >= kBelow) continue;
-            if (j >= kDiag && j < kDiag + 4) {
-              t_fp32[col * kLdF + i] = col < i ? acc[4 * j + 2 * half] * b_row[half] * e0 : 0.f;
-              t_fp32[(col + 1) * kLdF + i] = col + 1 < i ? acc[4 * j + 2 * half + 1] * b_row[half] * e1 : 0.f;
-            }
-            if (!kSymmetric && j >= kQuarter && j < kQuarter + 2)
-              *reinterpret_cast<uint32_t*>(tb.at(i, col)) =
-                  M::pack(acc[4 * j + 2 * half] * e0, acc[4 * j + 2 * half + 1] * e1);
-          }
-        }
-      };
-      using std::integral_constant;
-      if (pwarp == 0) epilogue(integral_constant<int, 0>{});
-      else if (pwarp == 1) epilogue(integral_constant<int, 1>{});
-      else if (pwarp == 2) epilogue(integral_constant<int, 2>{});
-      else epilogue(integral_constant<int, 3>{});
+      if (pwarp == 0) decay_key_products<0, Element>(acc, g_col, g_row, b_row, lane_group, lane_in_group, pt, tb, t_fp32);
+      else if (pwarp == 1) decay_key_products<1, Element>(acc, g_col, g_row, b_row, lane_group, lane_in_group, pt, tb, t_fp32);
+      else if (pwarp == 2) decay_key_products<2, Element>(acc, g_col, g_row, b_row, lane_group, lane_in_group, pt, tb, t_fp32);
+      else decay_key_products<3, Element>(acc, g_col, g_row, b_row, lane_group, lane_in_group, pt, tb, t_fp32);
     }
     // No producer barrier here: each warp's 16x16 diagonal block of A (its
     // rows, their columns) was written by its own epilogue, and nothing of the
