@@ -88,15 +88,8 @@ cmd_check() {
   local build_s=- ctest_s=- total=- failed=- skipped=0 gpu_ran=- ctest_rc=0
   if [[ ${python_only} -eq 0 ]]; then
     start=${SECONDS}
-    (fq_gpu_configure "${build}") > "${out}/configure.log" 2>&1 \
-      && fq_gpu_build "${build}" > "${out}/build.log" 2>&1
-    local build_rc=$?
+    fq_gpu_configure_and_build "${build}" "${out}"
     build_s=$((SECONDS - start))
-    if [[ ${build_rc} -ne 0 ]]; then
-      tail -n 60 "${out}/configure.log" "${out}/build.log"
-      echo "BUILD FAILED"
-      exit 1
-    fi
 
     fq_gpu_probe "${build}" "${out}"
     start=${SECONDS}
@@ -268,15 +261,8 @@ cmd_iterate() {
   local bin="${build}/benchmarks/tools"
   local tools=(fused_timing-current wgmma_rate wgmma_issue)
   start=${SECONDS}
-  (fq_gpu_configure "${build}") > "${out}/configure.log" 2>&1 \
-    && fq_gpu_build "${build}" all "${tools[@]}" > "${out}/build.log" 2>&1
-  local build_rc=$?
+  fq_gpu_configure_and_build "${build}" "${out}" all "${tools[@]}"
   local build_s=$((SECONDS - start))
-  if [[ ${build_rc} -ne 0 ]]; then
-    tail -n 40 "${out}/configure.log" "${out}/build.log"
-    echo "BUILD FAILED"
-    exit 1
-  fi
 
   fq_gpu_probe "${build}" "${out}"
   start=${SECONDS}

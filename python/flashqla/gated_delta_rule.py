@@ -48,6 +48,12 @@ class _Call:
     cu_seqlens: Optional[torch.Tensor]
     cu_seqlens_cpu: Optional[torch.Tensor]
 
+    def op_args(self) -> tuple:
+        """The arguments of the forward op (and of its kernel choice), in the op's order."""
+        return (self.q, self.k, self.v, self.g, self.beta, self.scale, self.initial_state, self.cu_seqlens,
+                self.cu_seqlens_cpu, self.output_final_state, self.state_v_first, self.use_qk_l2norm,
+                self.beta_activation)
+
 
 def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
              use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu,
@@ -278,9 +284,7 @@ def chunk_gated_delta_rule(
     c = _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                  use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu,
                  chunk_indices, cp_context, kwargs)
-    o, final_state = call_op(ops.gdn_fwd, c.q, c.k, c.v, c.g, c.beta, c.scale, c.initial_state, c.cu_seqlens,
-                             c.cu_seqlens_cpu, c.output_final_state, c.state_v_first, c.use_qk_l2norm,
-                             c.beta_activation)
+    o, final_state = call_op(ops.gdn_fwd, *c.op_args())
     return o, (final_state if c.output_final_state else None)
 
 
@@ -304,9 +308,7 @@ class KernelChoice(NamedTuple):
 def _kernel_choice(c: _Call) -> KernelChoice:
     """The kernel choice of a prepared call (the forward's own arguments, so the binding
     judges the tensors it would hand the kernel). Never traced: it reads pointers."""
-    return KernelChoice(*call_op(ops.gdn_fwd_kernel_choice, c.q, c.k, c.v, c.g, c.beta, c.scale, c.initial_state,
-                                 c.cu_seqlens, c.cu_seqlens_cpu, c.output_final_state, c.state_v_first,
-                                 c.use_qk_l2norm, c.beta_activation))
+    return KernelChoice(*call_op(ops.gdn_fwd_kernel_choice, *c.op_args()))
 
 
 def kernel_choice(

@@ -42,6 +42,19 @@ fq_gpu_build() {
   cmake "${args[@]}"
 }
 
+# fq_gpu_configure_and_build <build dir> <log dir> [targets...]: both steps above,
+# logs in configure.log and build.log; on failure prints their tails and exits.
+fq_gpu_configure_and_build() {
+  local dir=$1 logs=$2
+  shift 2
+  if ! { (fq_gpu_configure "${dir}") > "${logs}/configure.log" 2>&1 \
+         && fq_gpu_build "${dir}" "$@" > "${logs}/build.log" 2>&1; }; then
+    tail -n 60 "${logs}/configure.log" "${logs}/build.log"
+    echo "BUILD FAILED"
+    exit 1
+  fi
+}
+
 # fq_gpu_probe <build dir> <log dir>: runs one small GPU forward test with a
 # short timeout and exits the script if it fails or hangs — a kernel that
 # deadlocks (a named barrier, setmaxnreg) would otherwise cost every test's
