@@ -10,11 +10,13 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/trace.h"
 #include "cuda/sm90/cu_seqlens_check_sm90.h"
 #include "cuda/sm90/gdn_fwd_fused_sm90.h"
 #include "cuda/sm90/gdn_fwd_chain_tickets_sm90.h"
 #include "cuda/sm90/gdn_fwd_piece_scan_sm90.h"
 #include "cuda/sm90/gdn_fwd_simple_sm90.h"
+#include "cuda/sm90/gdn_bwd_simple_sm90.h"
 
 namespace flashqla::cuda {
 namespace {
@@ -62,13 +64,6 @@ void debug_check_cu_seqlens(const flashqla_gdn_fwd_params_t& p, const Problem& p
   what.pop_back();
   fail(FLASHQLA_STATUS_INVALID_CU_SEQLENS,
        str(entry, ": cu_seqlens (checked on the device):", what));
-}
-
-[[noreturn]] void kernels_not_built(const char* entry, const char* direction) {
-  fail(FLASHQLA_STATUS_NOT_SUPPORTED,
-       str(entry, ": the sm_90a GDN ", direction,
-           " kernel is not part of this version of flashqla yet; pass host tensors to use the "
-           "CPU backend"));
 }
 
 // FLASHQLA_FORWARD_KERNEL=simple runs the simple kernel on every shape (to
@@ -168,8 +163,71 @@ ForwardPlan plan_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p, 
   return make_forward_plan(pr, forward_args(pr, p), sm_count(), plan_switches());
 }
 
-size_t backward_workspace_bytes(const Problem& pr, const flashqla_gdn_bwd_params_t&) {
-  return pr.debug_check_cu_seqlens ? kCuSeqlensCheckBytes : 0;
+namespace {
+
+size_t max_shared_memory_per_block(const char* entry) {
+  int device = 0, bytes = 0;
+  check_cuda(cudaGetDevice(&device), entry, "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), entry,
+             "cudaDeviceGetAttribute");
+  return static_cast<size_t>(bytes);
+}
+
+// The backward's workspace: the debug check word, then the simple backward's
+// chunk states and partials (gdn_bwd_simple_sm90.h).
+SimpleBackwardLayout backward_layout(const Problem& pr, const char* entry) {
+  return simple_backward_layout(pr.B, pr.T, pr.N, pr.HV, pr.K, pr.V, pr.varlen, kCuSeqlensCheckBytes,
+                                max_shared_memory_per_block(entry));
+}
+
+void set_token_tensor(const flashqla_tensor_t& t, void*& data, int64_t& sb, int64_t& st, int64_t& sh,
+                      flashqla_dtype_t& dtype) {
+  data = t.data, sb = t.stride[0], st = t.stride[1], sh = t.stride[2], dtype = t.dtype;
+}
+
+void set_state_tensor(const flashqla_tensor_t& t, void*& data, int64_t& sn, int64_t& sh, int64_t& s2, int64_t& s3,
+                      flashqla_dtype_t& dtype) {
+  data = t.data, sn = t.stride[0], sh = t.stride[1], s2 = t.stride[2], s3 = t.stride[3], dtype = t.dtype;
+}
+
+BackwardArgs backward_args(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const SimpleBackwardLayout& l) {
+  BackwardArgs a{};
+  a.f = forward_args(pr, p.fwd);
+  a.f.o = nullptr;
+  a.f.ht = nullptr;
+  a.B = pr.B;
+  void* d_o = nullptr;
+  set_token_tensor(p.d_o, d_o, a.do_sb, a.do_st, a.do_sh, a.do_dtype);
+  a.d_o = d_o;
+  if (p.d_final_state.data != nullptr) {
+    void* dht = nullptr;
+    set_state_tensor(p.d_final_state, dht, a.dht_sn, a.dht_sh, a.dht_s2, a.dht_s3, a.dht_dtype);
+    a.dht = dht;
+  }
+  set_token_tensor(p.dq, a.dq, a.dq_sb, a.dq_st, a.dq_sh, a.dq_dtype);
+  set_token_tensor(p.dk, a.dk, a.dk_sb, a.dk_st, a.dk_sh, a.dk_dtype);
+  set_token_tensor(p.dv, a.dv, a.dv_sb, a.dv_st, a.dv_sh, a.dv_dtype);
+  a.dg = p.dg.data, a.dg_sb = p.dg.stride[0], a.dg_st = p.dg.stride[1], a.dg_dtype = p.dg.dtype;
+  a.dbeta = p.dbeta.data, a.dbeta_sb = p.dbeta.stride[0], a.dbeta_st = p.dbeta.stride[1];
+  a.dbeta_dtype = p.dbeta.dtype;
+  if (pr.has_initial_state) {
+    set_state_tensor(p.d_initial_state, a.dh0, a.dh0_sn, a.dh0_sh, a.dh0_s2, a.dh0_s3, a.dh0_dtype);
+  }
+  unsigned char* const ws = static_cast<unsigned char*>(p.fwd.workspace);
+  a.chunk_states = reinterpret_cast<float*>(ws + l.states);
+  a.chunk_slots = l.chunk_slots;
+  a.partials = reinterpret_cast<float*>(ws + l.partials);
+  a.v_tiles = l.v_tiles;
+  return a;
+}
+
+}  // namespace
+
+size_t backward_workspace_bytes(const Problem& pr, const flashqla_gdn_bwd_params_t& p) {
+  constexpr const char* entry = "flashqla_gdn_bwd_workspace_size";
+  require_sm90(entry);
+  require_shared_token_dtype(p.fwd, entry);
+  return backward_layout(pr, entry).bytes;
 }
 
 void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p, const ForwardPlan& plan) {
@@ -210,8 +268,17 @@ void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p, const Fo
 void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p) {
   constexpr const char* entry = "flashqla_gdn_bwd";
   require_sm90(entry);
+  require_shared_token_dtype(p.fwd, entry);
   if (pr.debug_check_cu_seqlens) debug_check_cu_seqlens(p.fwd, pr, entry);
-  kernels_not_built(entry, "backward");
+  if (reinterpret_cast<uintptr_t>(p.fwd.workspace) % 256 != 0) {
+    fail(FLASHQLA_STATUS_INVALID_ARGUMENT,
+         str(entry, ": workspace: must be 256-byte aligned (it holds the chunk states and partial gradients)"));
+  }
+  const SimpleBackwardLayout layout = backward_layout(pr, entry);
+  FLASHQLA_PLAN("%s: simple backward: V tile %d (%lld tiles), %lld chunk-state slots, workspace %zu bytes", entry,
+                layout.v_tile, (long long)layout.v_tiles, (long long)layout.chunk_slots, layout.bytes);
+  check_cuda(launch_gdn_bwd_simple(backward_args(pr, p, layout), layout.v_tile, p.fwd.stream), entry,
+             "simple backward launch");
 }
 
 }  // namespace flashqla::cuda

@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -178,27 +180,6 @@ TEST_F(CudaBackend, Float64IsCpuOnly) {
   p.o.dtype = FLASHQLA_DTYPE_FLOAT64;
   EXPECT_EQ(flashqla_gdn_fwd(&p), FLASHQLA_STATUS_NOT_SUPPORTED);
   EXPECT_THAT(flashqla_last_error_message(), HasSubstr("o: float64 is supported on the CPU backend only"));
-}
-
-// Until the backward kernel lands the CUDA path says so, clearly, and never
-// falls back to the CPU.
-TEST_F(CudaBackend, BackwardReportsMissingKernel) {
-  flashqla_gdn_bwd_params_t p;
-  flashqla_gdn_bwd_params_init(&p);
-  p.fwd = device_params();
-  p.fwd.o = flashqla_tensor_t{};
-  p.fwd.final_state = flashqla_tensor_t{};
-  p.fwd.output_final_state = 0;
-  // The forward outputs double as gradient buffers of the right shapes here.
-  p.d_o = dev[6]->desc;
-  p.dq = dev[0]->desc;
-  p.dk = dev[1]->desc;
-  p.dv = dev[2]->desc;
-  p.dg = dev[3]->desc;
-  p.dbeta = dev[4]->desc;
-  p.d_initial_state = dev[7]->desc;
-  EXPECT_EQ(flashqla_gdn_bwd(&p), FLASHQLA_STATUS_NOT_SUPPORTED) << flashqla_last_error_message();
-  EXPECT_THAT(flashqla_last_error_message(), HasSubstr("sm_90a GDN backward kernel"));
 }
 
 // --- forward on the GPU against the CPU backend (fp64 on the same inputs) -----
@@ -497,6 +478,197 @@ std::vector<GpuFwdConfig> gpu_forward_configs() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cuda, GpuForward, ::testing::ValuesIn(gpu_forward_configs()),
+                         [](const auto& info) { return info.param.name; });
+
+// --- backward on the GPU against the CPU backend (fp64 on the same inputs) ----
+
+struct GpuBwdConfig {
+  std::string name;
+  int64_t B = 1, T = 0, H = 1, HV = 2, K = 128, V = 128;
+  std::vector<int64_t> cu_seqlens;
+  flashqla_dtype_t dtype = FLASHQLA_DTYPE_BFLOAT16;
+  bool h0 = true, dht = true, v_first = false, l2norm = false;
+  flashqla_beta_activation_t beta_act = FLASHQLA_BETA_IDENTITY;
+  double g_value = NAN, beta_value = NAN;
+  int64_t row_pad = 0;
+};
+
+class GpuBackward : public ::testing::TestWithParam<GpuBwdConfig> {
+ protected:
+  void SetUp() override {
+    if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device on this machine";
+  }
+};
+
+// Every gradient against the CPU backend's chunked backward in fp64 on the same
+// (rounded) inputs, with the gradient outputs poisoned with NaN first; a second
+// run must give the same bits.
+TEST_P(GpuBackward, MatchesCpuOracle) {
+  const GpuBwdConfig& f = GetParam();
+  GdnCase c;
+  c.B = f.B;
+  c.T = f.T;
+  c.H = f.H;
+  c.HV = f.HV;
+  c.K = f.K;
+  c.V = f.V;
+  c.cu_seqlens = f.cu_seqlens;
+  c.dtype = f.dtype;
+  c.gate_dtype = FLASHQLA_DTYPE_FLOAT32;
+  c.state_dtype = FLASHQLA_DTYPE_FLOAT32;
+  c.with_h0 = f.h0;
+  c.with_dht = f.dht;
+  c.state_v_first = f.v_first;
+  c.l2norm = f.l2norm;
+  c.beta_act = f.beta_act;
+  c.row_pad = f.row_pad;
+  c.allocate_and_fill(0xbac4 + f.T + f.K, f.g_value, f.beta_value, 16.0);
+
+  GdnCase ref = c;
+  for (HostTensor* t : {&ref.dq, &ref.dk, &ref.dv, &ref.dg, &ref.dbeta, &ref.dh0}) {
+    if (!t->shape.empty()) *t = HostTensor(t->shape, FLASHQLA_DTYPE_FLOAT64);
+  }
+  flashqla_gdn_bwd_params_t rp = ref.bwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
+  ASSERT_EQ(flashqla_gdn_bwd(&rp), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+
+  HostTensor* host[] = {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.h0, &c.cu, &c.d_o, &c.dht,
+                        &c.dq, &c.dk, &c.dv, &c.dg, &c.dbeta, &c.dh0};
+  std::vector<std::unique_ptr<DeviceTensor>> dev;
+  for (HostTensor* t : host) dev.emplace_back(std::make_unique<DeviceTensor>(*t));
+  flashqla_gdn_bwd_params_t p = c.bwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
+  p.fwd.backend = FLASHQLA_BACKEND_AUTO;
+  flashqla_tensor_t* slots[] = {&p.fwd.q, &p.fwd.k, &p.fwd.v, &p.fwd.g, &p.fwd.beta, &p.fwd.initial_state,
+                                &p.fwd.cu_seqlens, &p.d_o, &p.d_final_state, &p.dq, &p.dk, &p.dv, &p.dg,
+                                &p.dbeta, &p.d_initial_state};
+  for (size_t i = 0; i < dev.size(); ++i) *slots[i] = dev[i]->desc;
+  if (!f.h0) p.fwd.initial_state = p.d_initial_state = flashqla_tensor_t{};
+  if (!f.dht) p.d_final_state = flashqla_tensor_t{};
+  if (f.cu_seqlens.empty()) p.fwd.cu_seqlens = flashqla_tensor_t{};
+
+  size_t ws_bytes = 0;
+  ASSERT_EQ(flashqla_gdn_bwd_workspace_size(&p, &ws_bytes), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+  std::unique_ptr<void, decltype(&cudaFree)> workspace(nullptr, &cudaFree);
+  if (ws_bytes > 0) {
+    void* w = nullptr;
+    ASSERT_EQ(cudaMalloc(&w, ws_bytes), cudaSuccess);
+    workspace.reset(w);
+    p.fwd.workspace = w;
+    p.fwd.workspace_bytes = ws_bytes;
+  }
+
+  const struct {
+    const char* name;
+    size_t index;
+    HostTensor* out;
+    const HostTensor* expected;
+    double tol;
+  } grads[] = {{"dq", 9, &c.dq, &ref.dq, 0.008},       {"dk", 10, &c.dk, &ref.dk, 0.008},
+               {"dv", 11, &c.dv, &ref.dv, 0.008},       {"dg", 12, &c.dg, &ref.dg, 0.02},
+               {"dbeta", 13, &c.dbeta, &ref.dbeta, 0.008}, {"dh0", 14, &c.dh0, &ref.dh0, 0.008}};
+  const double fp32_tol = 2e-4;
+  std::vector<std::vector<unsigned char>> first(std::size(grads));
+  for (int run = 0; run < 2; ++run) {
+    for (const auto& gr : grads) poison(*dev[gr.index], gr.out->bytes.size());
+    ASSERT_EQ(flashqla_gdn_bwd(&p), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (size_t i = 0; i < std::size(grads); ++i) {
+      const auto& gr = grads[i];
+      if (gr.name == std::string("dh0") && !f.h0) continue;
+      std::vector<unsigned char> bytes = download(*dev[gr.index], gr.out->bytes.size());
+      if (run == 0) {
+        HostTensor got = *gr.out;
+        got.bytes = bytes;
+        got.desc.data = got.bytes.empty() ? nullptr : got.bytes.data();
+        const double tol = f.dtype == FLASHQLA_DTYPE_FLOAT32 ? fp32_tol : gr.tol;
+        const double err = rel_error(got.to_vector(), gr.expected->to_vector());
+        EXPECT_LE(err, tol) << f.name << " " << gr.name;
+        std::printf("[ backward ] %s %s relative error %.3e\n", f.name.c_str(), gr.name, err);
+        first[i] = std::move(bytes);
+      } else {
+        EXPECT_EQ(first[i], bytes) << f.name << " " << gr.name << " differs between identical runs";
+      }
+    }
+  }
+}
+
+std::vector<GpuBwdConfig> gpu_backward_configs() {
+  std::vector<GpuBwdConfig> v;
+  for (int64_t T : {1, 63, 64, 65, 300}) {
+    GpuBwdConfig f;
+    f.name = "len" + std::to_string(T);
+    f.T = T;
+    v.push_back(f);
+  }
+  {
+    GpuBwdConfig f;
+    f.name = "batch2_len130";
+    f.B = 2;
+    f.T = 130;
+    v.push_back(f);
+    f.name = "varlen_with_empty";
+    f.B = 1;
+    f.T = 0;
+    f.cu_seqlens = {0, 0, 1, 64, 64, 129, 300, 300, 400};
+    f.H = 2;
+    f.HV = 4;
+    v.push_back(f);
+  }
+  for (int64_t ratio : {1, 3, 16}) {
+    GpuBwdConfig f;
+    f.name = "gqa" + std::to_string(ratio);
+    f.T = 100;
+    f.HV = ratio;
+    v.push_back(f);
+  }
+  GpuBwdConfig f;
+  f.T = 200;
+  append_gate_and_beta_edge_cases(v, f);
+  f.name = "no_h0_no_dht";
+  f.h0 = false;
+  f.dht = false;
+  v.push_back(f);
+  f.h0 = f.dht = true;
+  f.name = "state_v_first";
+  f.v_first = true;
+  v.push_back(f);
+  f.v_first = false;
+  f.name = "l2norm_in_kernel";
+  f.l2norm = true;
+  v.push_back(f);
+  f.l2norm = false;
+  f.name = "beta_sigmoid";
+  f.beta_act = FLASHQLA_BETA_SIGMOID;
+  v.push_back(f);
+  f.name = "beta_sigmoid_x2";
+  f.beta_act = FLASHQLA_BETA_SIGMOID_X2;
+  v.push_back(f);
+  f.beta_act = FLASHQLA_BETA_IDENTITY;
+  f.name = "fp16";
+  f.dtype = FLASHQLA_DTYPE_FLOAT16;
+  v.push_back(f);
+  f.name = "fp32";
+  f.dtype = FLASHQLA_DTYPE_FLOAT32;
+  v.push_back(f);
+  f.dtype = FLASHQLA_DTYPE_BFLOAT16;
+  f.name = "strided_views";
+  f.row_pad = 3;
+  v.push_back(f);
+  f.row_pad = 0;
+  f.name = "K64_V64";
+  f.K = f.V = 64;
+  v.push_back(f);
+  f.name = "K100_V200";
+  f.K = 100;
+  f.V = 200;
+  v.push_back(f);
+  f.name = "K256_V256";
+  f.T = 130;
+  f.K = f.V = 256;
+  v.push_back(f);
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(Cuda, GpuBackward, ::testing::ValuesIn(gpu_backward_configs()),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace

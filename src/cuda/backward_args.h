@@ -1,0 +1,32 @@
+// What every backward kernel receives: the forward's arguments (its o and
+// final-state outputs unused), the incoming gradients, the gradient outputs and
+// the backward's workspace, resolved from one validated backward call.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/forward_args.h"
+
+namespace flashqla::cuda {
+
+struct BackwardArgs {
+  ForwardArgs f;  // sizes, inputs and options (f.o and f.ht are not used)
+  int64_t B;      // batch rows (the partials are indexed by token)
+  // Incoming gradients.
+  const void* d_o; int64_t do_sb, do_st, do_sh; flashqla_dtype_t do_dtype;
+  const void* dht; int64_t dht_sn, dht_sh, dht_s2, dht_s3; flashqla_dtype_t dht_dtype;  // nullptr: zero
+  // Gradient outputs.
+  void* dq; int64_t dq_sb, dq_st, dq_sh; flashqla_dtype_t dq_dtype;
+  void* dk; int64_t dk_sb, dk_st, dk_sh; flashqla_dtype_t dk_dtype;
+  void* dv; int64_t dv_sb, dv_st, dv_sh; flashqla_dtype_t dv_dtype;
+  void* dg; int64_t dg_sb, dg_st; flashqla_dtype_t dg_dtype;
+  void* dbeta; int64_t dbeta_sb, dbeta_st; flashqla_dtype_t dbeta_dtype;
+  void* dh0; int64_t dh0_sn, dh0_sh, dh0_s2, dh0_s3; flashqla_dtype_t dh0_dtype;  // nullptr: not written
+  // Workspace (gdn_bwd_simple_sm90.h says what it holds).
+  float* chunk_states;    // [chunk_slots][HV][K][V]
+  int64_t chunk_slots;
+  float* partials;        // [v_tiles][B T][HV][2 K + 2]
+  int64_t v_tiles;
+};
+
+}  // namespace flashqla::cuda
