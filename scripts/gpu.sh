@@ -56,6 +56,12 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       benchmarks/tools/wgmma_issue first. A triage tool: the GPU suite (check)
       shows a version correct.
       Default $OUT: /tmp/flashqla-compare.
+  sanitize
+      compute-sanitizer memcheck, racecheck and synccheck over the backward
+      kernels on small shapes (the C++ GPU suite's backward cases: memcheck on
+      packed sequences with empty ones, odd head sizes, strided views, l2norm
+      and GQA; racecheck and synccheck, far slower, on two short ones).
+      `check` runs it after the C++ suite. Default $OUT: /tmp/flashqla-sanitize.
   ncu [--shape N] [VERSION-DIR]
       Nsight Compute profile of the fused kernel (first launch of the timing
       tool; shape 0: one sequence of 8192 tokens, 2 (NCU_SHAPE=2): 256 chains at
@@ -102,6 +108,10 @@ cmd_check() {
     failed=$(grep -cE "Test +#[0-9]+: .*(\*\*\*|  Failed)" "${out}/ctest.log")
     skipped=$(grep -c "(Skipped)" "${out}/ctest.log")
     gpu_ran=$(grep -cE "CudaBackend\..*Passed" "${out}/ctest.log")
+    local sanitize_line
+    sanitize_line=$(OUT="${out}" cmd_sanitize | tail -n 1)
+    echo "${sanitize_line}"
+    [[ ${sanitize_line} == *FAILED* ]] && ctest_rc=1
     if [[ ${cpp_only} -eq 1 ]]; then
       echo "build ${build_s} s, ctest ${ctest_s} s: ${total:-?} tests, ${failed:-?} failed, ${skipped} skipped" \
         "(must be 0), ${gpu_ran} CUDA backend tests passed"
@@ -399,6 +409,39 @@ cmd_ncu() {
   echo "ncu: ${out}/prof.ncu-rep, source.csv, details.csv, $(cd "${out}" && ls -- *.cubin 2>/dev/null | tr '\n' ' ')"
 }
 
+# --- sanitize ----------------------------------------------------------------
+cmd_sanitize() {
+  local out="${OUT:-/tmp/flashqla-sanitize}" build=build-gpu
+  mkdir -p "${out}"
+  [[ -x "${build}/tests/flashqla_tests" ]] || fq_gpu_configure_and_build "${build}" "${out}"
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  local case_prefix=Cuda/GpuBackward.MatchesCpuOracle
+  local wide="${case_prefix}/varlen_with_empty:${case_prefix}/K100_V200:${case_prefix}/strided_views"
+  wide+=":${case_prefix}/l2norm_in_kernel:${case_prefix}/gqa3"
+  local short="${case_prefix}/len1:${case_prefix}/len65"
+  local tool filter rc status=0 verdicts=()
+  for tool in memcheck racecheck synccheck; do
+    filter=${short}
+    [[ ${tool} == memcheck ]] && filter=${wide}
+    "${sanitizer}" --tool "${tool}" --error-exitcode 9 "${build}/tests/flashqla_tests" --gtest_filter="${filter}" \
+      > "${out}/sanitize-${tool}.log" 2>&1
+    rc=$?
+    # memcheck and synccheck end with "ERROR SUMMARY: 0 errors", racecheck with
+    # "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)".
+    if [[ ${rc} -eq 0 ]] && grep -qE "(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors, 0 warnings\))" \
+         "${out}/sanitize-${tool}.log" && ! grep -q "FAILED" "${out}/sanitize-${tool}.log"; then
+      verdicts+=("${tool} clean")
+    else
+      verdicts+=("${tool} FAILED (rc ${rc})")
+      status=1
+      tail -n 30 "${out}/sanitize-${tool}.log"
+    fi
+  done
+  echo "sanitizers on the backward kernels: ${verdicts[*]}"
+  return ${status}
+}
+
 command=${1:-}
 [[ $# -gt 0 ]] && shift
 case "${command}" in
@@ -408,6 +451,7 @@ case "${command}" in
   iterate) cmd_iterate "$@" ;;
   compare) cmd_compare "$@" ;;
   ncu) cmd_ncu "$@" ;;
+  sanitize) cmd_sanitize "$@" ;;
   -h|--help|help) usage ;;
   *) usage >&2; exit 2 ;;
 esac
