@@ -22,11 +22,19 @@ struct BackwardArgs {
   void* dg; int64_t dg_sb, dg_st; flashqla_dtype_t dg_dtype;
   void* dbeta; int64_t dbeta_sb, dbeta_st; flashqla_dtype_t dbeta_dtype;
   void* dh0; int64_t dh0_sn, dh0_sh, dh0_s2, dh0_s3; flashqla_dtype_t dh0_dtype;  // nullptr: not written
-  // Workspace (gdn_bwd_simple_sm90.h says what it holds).
-  float* chunk_states;    // [chunk_slots][HV][K][V]
-  int64_t chunk_slots;
+  int64_t chunk_slots;  // chunk-state slots a value head (chunk_slot() in the kernels)
+  // Workspace of the simple backward (gdn_bwd_simple_sm90.h).
+  float* chunk_states;    // [chunk_slots][HV][K][V] fp32
   float* partials;        // [v_tiles][B T][HV][2 K + 2]
   int64_t v_tiles;
+  // Workspace of the tensor-core backward (gdn_bwd_tc_sm90.h), bf16 bits:
+  // per token and value head, then per chunk slot and value head.
+  uint16_t* w;        // [B T][HV][K]   (I + A)⁻¹ diag(β e^γ) K̂
+  uint16_t* u0;       // [B T][HV][V]   (I + A)⁻¹ diag(β) V
+  uint16_t* z;        // [B T][HV][V]   scale · Pᵀ dO
+  uint16_t* minv;     // [B T][HV][64]  the rows of (I + A)⁻¹
+  uint16_t* states;   // [chunk_slots][HV][K][V]  S entering each chunk
+  uint16_t* dstates;  // [chunk_slots][HV][K][V]  dS leaving each chunk
 };
 
 }  // namespace flashqla::cuda

@@ -17,6 +17,8 @@
 #include "cuda/sm90/gdn_fwd_piece_scan_sm90.h"
 #include "cuda/sm90/gdn_fwd_simple_sm90.h"
 #include "cuda/sm90/gdn_bwd_simple_sm90.h"
+#include "cuda/sm90/gdn_bwd_tc_sm90.h"
+#include "cuda/backward_support.h"
 
 namespace flashqla::cuda {
 namespace {
@@ -173,13 +175,6 @@ size_t max_shared_memory_per_block(const char* entry) {
   return static_cast<size_t>(bytes);
 }
 
-// The backward's workspace: the debug check word, then the simple backward's
-// chunk states and partials (gdn_bwd_simple_sm90.h).
-SimpleBackwardLayout backward_layout(const Problem& pr, const char* entry) {
-  return simple_backward_layout(pr.B, pr.T, pr.N, pr.HV, pr.K, pr.V, pr.varlen, kCuSeqlensCheckBytes,
-                                max_shared_memory_per_block(entry));
-}
-
 void set_token_tensor(const flashqla_tensor_t& t, void*& data, int64_t& sb, int64_t& st, int64_t& sh,
                       flashqla_dtype_t& dtype) {
   data = t.data, sb = t.stride[0], st = t.stride[1], sh = t.stride[2], dtype = t.dtype;
@@ -190,7 +185,7 @@ void set_state_tensor(const flashqla_tensor_t& t, void*& data, int64_t& sn, int6
   data = t.data, sn = t.stride[0], sh = t.stride[1], s2 = t.stride[2], s3 = t.stride[3], dtype = t.dtype;
 }
 
-BackwardArgs backward_args(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const SimpleBackwardLayout& l) {
+BackwardArgs backward_args(const Problem& pr, const flashqla_gdn_bwd_params_t& p) {
   BackwardArgs a{};
   a.f = forward_args(pr, p.fwd);
   a.f.o = nullptr;
@@ -213,21 +208,52 @@ BackwardArgs backward_args(const Problem& pr, const flashqla_gdn_bwd_params_t& p
   if (pr.has_initial_state) {
     set_state_tensor(p.d_initial_state, a.dh0, a.dh0_sn, a.dh0_sh, a.dh0_s2, a.dh0_s3, a.dh0_dtype);
   }
-  unsigned char* const ws = static_cast<unsigned char*>(p.fwd.workspace);
-  a.chunk_states = reinterpret_cast<float*>(ws + l.states);
-  a.chunk_slots = l.chunk_slots;
-  a.partials = reinterpret_cast<float*>(ws + l.partials);
-  a.v_tiles = l.v_tiles;
   return a;
+}
+
+// FLASHQLA_BACKWARD_KERNEL=simple runs the simple backward on every shape.
+bool simple_backward_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("FLASHQLA_BACKWARD_KERNEL");
+    return v != nullptr && std::strcmp(v, "simple") == 0;
+  }();
+  return forced;
+}
+
+// Which backward a call runs and its workspace: the debug check word, then the
+// chosen kernel's arrays.
+struct BackwardPlan {
+  BackwardArgs args;
+  bool tensor_core = false;
+  std::string reason;  // why not the tensor-core backward
+  SimpleBackwardLayout simple;
+  TensorCoreBackwardLayout tc;
+  size_t bytes = 0;
+};
+
+BackwardPlan plan_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const char* entry) {
+  require_sm90(entry);
+  require_shared_token_dtype(p.fwd, entry);
+  BackwardPlan plan;
+  plan.args = backward_args(pr, p);
+  plan.reason = simple_backward_forced() ? std::string("FLASHQLA_BACKWARD_KERNEL=simple")
+                                         : tensor_core_backward_refusal(plan.args);
+  plan.tensor_core = plan.reason.empty();
+  if (plan.tensor_core) {
+    plan.tc = tensor_core_backward_layout(pr.B, pr.T, pr.N, pr.HV, pr.varlen, kCuSeqlensCheckBytes);
+    plan.bytes = plan.tc.bytes;
+  } else {
+    plan.simple = simple_backward_layout(pr.B, pr.T, pr.N, pr.HV, pr.K, pr.V, pr.varlen, kCuSeqlensCheckBytes,
+                                         max_shared_memory_per_block(entry));
+    plan.bytes = plan.simple.bytes;
+  }
+  return plan;
 }
 
 }  // namespace
 
 size_t backward_workspace_bytes(const Problem& pr, const flashqla_gdn_bwd_params_t& p) {
-  constexpr const char* entry = "flashqla_gdn_bwd_workspace_size";
-  require_sm90(entry);
-  require_shared_token_dtype(p.fwd, entry);
-  return backward_layout(pr, entry).bytes;
+  return plan_backward(pr, p, "flashqla_gdn_bwd_workspace_size").bytes;
 }
 
 void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p, const ForwardPlan& plan) {
@@ -267,18 +293,38 @@ void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p, const Fo
 
 void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p) {
   constexpr const char* entry = "flashqla_gdn_bwd";
-  require_sm90(entry);
-  require_shared_token_dtype(p.fwd, entry);
+  BackwardPlan plan = plan_backward(pr, p, entry);
   if (pr.debug_check_cu_seqlens) debug_check_cu_seqlens(p.fwd, pr, entry);
   if (reinterpret_cast<uintptr_t>(p.fwd.workspace) % 256 != 0) {
     fail(FLASHQLA_STATUS_INVALID_ARGUMENT,
-         str(entry, ": workspace: must be 256-byte aligned (it holds the chunk states and partial gradients)"));
+         str(entry, ": workspace: must be 256-byte aligned (it holds the chunk states and per-chunk products)"));
   }
-  const SimpleBackwardLayout layout = backward_layout(pr, entry);
-  FLASHQLA_PLAN("%s: simple backward: V tile %d (%lld tiles), %lld chunk-state slots, workspace %zu bytes", entry,
-                layout.v_tile, (long long)layout.v_tiles, (long long)layout.chunk_slots, layout.bytes);
-  check_cuda(launch_gdn_bwd_simple(backward_args(pr, p, layout), layout.v_tile, p.fwd.stream), entry,
-             "simple backward launch");
+  unsigned char* const ws = static_cast<unsigned char*>(p.fwd.workspace);
+  BackwardArgs& a = plan.args;
+  if (plan.tensor_core) {
+    const TensorCoreBackwardLayout& l = plan.tc;
+    a.chunk_slots = l.chunk_slots;
+    a.w = reinterpret_cast<uint16_t*>(ws + l.w);
+    a.u0 = reinterpret_cast<uint16_t*>(ws + l.u0);
+    a.z = reinterpret_cast<uint16_t*>(ws + l.z);
+    a.minv = reinterpret_cast<uint16_t*>(ws + l.minv);
+    a.states = reinterpret_cast<uint16_t*>(ws + l.states);
+    a.dstates = reinterpret_cast<uint16_t*>(ws + l.dstates);
+    FLASHQLA_PLAN("%s: tensor-core backward: %lld chunk slots, workspace %zu bytes", entry,
+                  (long long)l.chunk_slots, l.bytes);
+    check_cuda(launch_gdn_bwd_tc_prep(a, p.fwd.stream), entry, "tensor-core backward prep launch");
+    check_cuda(launch_gdn_bwd_tc_chains(a, p.fwd.stream), entry, "tensor-core backward chains launch");
+    check_cuda(launch_gdn_bwd_tc_grads(a, p.fwd.stream), entry, "tensor-core backward grads launch");
+    return;
+  }
+  const SimpleBackwardLayout& l = plan.simple;
+  a.chunk_states = reinterpret_cast<float*>(ws + l.states);
+  a.chunk_slots = l.chunk_slots;
+  a.partials = reinterpret_cast<float*>(ws + l.partials);
+  a.v_tiles = l.v_tiles;
+  FLASHQLA_PLAN("%s: simple backward (%s): V tile %d (%lld tiles), %lld chunk-state slots, workspace %zu bytes",
+                entry, plan.reason.c_str(), l.v_tile, (long long)l.v_tiles, (long long)l.chunk_slots, l.bytes);
+  check_cuda(launch_gdn_bwd_simple(a, l.v_tile, p.fwd.stream), entry, "simple backward launch");
 }
 
 }  // namespace flashqla::cuda

@@ -613,6 +613,18 @@ std::vector<GpuBwdConfig> gpu_backward_configs() {
     f.HV = 4;
     v.push_back(f);
   }
+  {
+    GpuBwdConfig f;
+    f.name = "len1000_gqa2";
+    f.T = 1000;
+    f.H = 2;
+    f.HV = 4;
+    v.push_back(f);
+    f.name = "varlen_many";
+    f.T = 0;
+    f.cu_seqlens = {0, 3, 67, 67, 200, 263, 264, 400, 528, 600, 700, 701};
+    v.push_back(f);
+  }
   for (int64_t ratio : {1, 3, 16}) {
     GpuBwdConfig f;
     f.name = "gqa" + std::to_string(ratio);
@@ -652,6 +664,9 @@ std::vector<GpuBwdConfig> gpu_backward_configs() {
   f.dtype = FLASHQLA_DTYPE_BFLOAT16;
   f.name = "strided_views";
   f.row_pad = 3;
+  v.push_back(f);
+  f.name = "strided_views_aligned";  // rows 16-byte aligned: the tensor-core backward
+  f.row_pad = 8;
   v.push_back(f);
   f.row_pad = 0;
   f.name = "K64_V64";

@@ -1,0 +1,50 @@
+// Which backward calls the tensor-core backward (gdn_bwd_tc_sm90.h) covers,
+// and why not where it does not; the simple backward runs everything else.
+// Host-only and header-only (unit-tested without a GPU).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "cuda/backward_args.h"
+
+namespace flashqla::cuda {
+
+constexpr int64_t kTensorCoreBackwardHeadDim = 128;
+
+// The first rule of the tensor-core backward a call breaks, as a sentence
+// naming the argument ("" when it covers the call).
+inline std::string tensor_core_backward_refusal(const BackwardArgs& a) {
+  const ForwardArgs& f = a.f;
+  if (f.K != kTensorCoreBackwardHeadDim || f.V != kTensorCoreBackwardHeadDim) {
+    return str("K = ", f.K, ", V = ", f.V, ": the tensor-core backward needs K = V = ", kTensorCoreBackwardHeadDim);
+  }
+  if (f.token_dtype != FLASHQLA_DTYPE_BFLOAT16) {
+    return str("q, k, v: ", dtype_name(f.token_dtype), ": the tensor-core backward takes bfloat16");
+  }
+  if (a.do_dtype != FLASHQLA_DTYPE_BFLOAT16) {
+    return str("d_o: ", dtype_name(a.do_dtype), ": the tensor-core backward takes bfloat16");
+  }
+  // Rows are read 16 bytes at a time: every row of q, k, v and dO 16-byte aligned.
+  auto aligned = [](const void* p, int64_t sb, int64_t st, int64_t sh) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0 && sb % 8 == 0 && st % 8 == 0 && sh % 8 == 0;
+  };
+  const struct {
+    const char* name;
+    bool ok;
+  } rows[] = {{"q", aligned(f.q, f.q_sb, f.q_st, f.q_sh)},
+              {"k", aligned(f.k, f.k_sb, f.k_st, f.k_sh)},
+              {"v", aligned(f.v, f.v_sb, f.v_st, f.v_sh)},
+              {"d_o", aligned(a.d_o, a.do_sb, a.do_st, a.do_sh)}};
+  for (const auto& r : rows) {
+    if (!r.ok) {
+      return str(r.name, ": rows must be 16-byte aligned (data pointer 16-byte aligned, strides multiples of 8 "
+                         "elements) for the tensor-core backward");
+    }
+  }
+  return "";
+}
+
+}  // namespace flashqla::cuda

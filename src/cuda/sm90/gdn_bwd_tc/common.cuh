@@ -1,0 +1,196 @@
+// What the tensor-core backward's three kernels share: chunk slots, bf16
+// shared-memory tiles, row loads, a warp-level mma.sync GEMM over tiles and
+// fragment stores. K = V = 128, bf16 operands, fp32 accumulation.
+//
+// Fragments (mma.m16n8k16, g = lane / 4, t = lane % 4): acc[mt][nt][e] is the
+// element at row m0 + 16 mt + g + 8 (e / 2), column n0 + 8 nt + 2 t + e % 2.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+
+#include "cuda/backward_args.h"
+#include "cuda/sm90/device_common.cuh"
+#include "cuda/sm90/warp_mma.cuh"
+
+namespace flashqla::cuda::bwd {
+
+using bf16 = __nv_bfloat16;
+using Mma = mma::Mma<bf16>;
+using Tile = mma::PaddedTile<bf16>;
+
+constexpr int kChunk = 64;        // tokens a chunk
+constexpr int kDim = 128;         // K = V
+constexpr int kLdWide = kDim + 8;  // row stride of 128-column tiles (272 bytes: ldmatrix rows on distinct banks)
+constexpr int kLdHalf = 64 + 8;    // of 64-column tiles (144 bytes)
+
+// Chunk-state slot of chunk c of sequence n (the simple backward's rule):
+// batch rows all have T tokens; packed sequences take floor(bos / 64) + n + c,
+// which never collides and stays below floor(T / 64) + N.
+__device__ __forceinline__ int64_t chunk_slot(int64_t n, int64_t c, int64_t bos, int64_t T, bool varlen) {
+  return varlen ? bos / kChunk + n + c : n * ((T + kChunk - 1) / kChunk) + c;
+}
+
+// The chunk a slot holds: sequence, chunk index, batch row, first token, valid
+// rows. valid == false for slots no chunk takes (gaps of packed sequences).
+struct ChunkRef {
+  int64_t n, c, row, t0;
+  int L;
+  bool valid;
+};
+
+__device__ __forceinline__ ChunkRef chunk_of_slot(const ForwardArgs& f, int64_t slot) {
+  ChunkRef r{};
+  if (f.cu_seqlens == nullptr) {
+    const int64_t per = (f.T + kChunk - 1) / kChunk;
+    r.n = per > 0 ? slot / per : 0;
+    r.c = per > 0 ? slot % per : 0;
+    r.row = r.n;
+    r.t0 = r.c * kChunk;
+    r.valid = r.n < f.N && r.t0 < f.T;
+    r.L = r.valid ? int(min64(kChunk, f.T - r.t0)) : 0;
+    return r;
+  }
+  // The last sequence whose first slot, floor(bos / 64) + n, is at most `slot`.
+  int64_t lo = 0, hi = f.N - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    const int64_t bos = min64(max64(load_index(f.cu_seqlens, f.cu_seqlens_int64, mid), 0), f.T);
+    if (bos / kChunk + mid <= slot) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const SequenceRange seq = sequence_range(f.cu_seqlens, f.cu_seqlens_int64, f.T, lo);
+  r.n = lo;
+  r.c = slot - (seq.bos / kChunk + lo);
+  r.row = 0;
+  r.t0 = seq.bos + r.c * kChunk;
+  r.valid = r.c >= 0 && r.t0 < seq.eos;
+  r.L = r.valid ? int(min64(kChunk, seq.eos - r.t0)) : 0;
+  return r;
+}
+
+// Rows [0, kRows) of kCols bf16 columns from global memory (row r at src + r *
+// stride, 16-byte aligned) into a tile; rows >= L are zero.
+template <int kThreads, int kCols, int kRows = kChunk>
+__device__ __forceinline__ void load_rows(const Tile& dst, const bf16* src, int64_t stride, int L) {
+  constexpr int kVecs = kCols / 8;
+  for (int i = threadIdx.x; i < kRows * kVecs; i += kThreads) {
+    const int r = i / kVecs, v = i % kVecs;
+    uint4 x = make_uint4(0u, 0u, 0u, 0u);
+    if (r < L) x = *reinterpret_cast<const uint4*>(src + r * stride + v * 8);
+    *reinterpret_cast<uint4*>(dst.at(r, v * 8)) = x;
+  }
+}
+
+// Rows [0, 64) of a 128-column bf16 tile, in place: each row r < L times
+// (l2norm ? rsqrt(Σx² + 1e-6) : 1) · scale(r), as the forward normalises. One
+// warp a row, four columns a lane.
+template <int kThreads, typename Scale>
+__device__ __forceinline__ void scale_rows(const Tile& t, int L, bool l2norm, Scale scale) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < L; r += kThreads / 32) {
+    uint2* p = reinterpret_cast<uint2*>(t.at(r, lane * 4));
+    uint2 raw = *p;
+    const float2 a = Mma::unpack(raw.x), b = Mma::unpack(raw.y);
+    float s = scale(r);
+    if (l2norm) {
+      float ss = a.x * a.x + a.y * a.y + b.x * b.x + b.y * b.y;
+      for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      s *= rsqrtf(ss + 1e-6f);
+    }
+    raw.x = Mma::pack(a.x * s, a.y * s);
+    raw.y = Mma::pack(b.x * s, b.y * s);
+    *p = raw;
+  }
+}
+
+// acc[MT][NT] += A (rows m0 .., reduction k) · B (reduction k, columns n0 ..)
+// over k in [0, kdim), 16 at a time. A is an [m][k] tile, or (kATrans) its
+// transpose stored as [k][m]; B is a [k][n] tile, or (kBNK) stored as [n][k].
+template <int MT, int NT, bool kATrans, bool kBNK>
+__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const Tile& A, const Tile& B, int m0, int n0,
+                                          int kdim) {
+  static_assert(NT % 2 == 0, "n-tiles come in pairs");
+  const int lane = threadIdx.x % 32;
+  for (int k0 = 0; k0 < kdim; k0 += 16) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      if constexpr (kATrans) {
+        mma::load_a_trans(a[mt], A, m0 + 16 * mt, k0, lane);
+      } else {
+        mma::load_a(a[mt], A, m0 + 16 * mt, k0, lane);
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      if constexpr (kBNK) {
+        mma::load_b_nk(b, B, n0 + 16 * np, k0, lane);
+      } else {
+        mma::load_b_kn(b, B, k0, n0 + 16 * np, lane);
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        Mma::run(acc[mt][2 * np], a[mt], b[0], b[1]);
+        Mma::run(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <int MT, int NT>
+__device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
+}
+
+// Visits every pair of adjacent elements of a fragment array:
+// f(row, column, value of column, value of column + 1) -> nothing; the
+// values are references, so f may change them.
+template <int MT, int NT, typename F>
+__device__ __forceinline__ void for_each_pair(float (&acc)[MT][NT][4], int m0, int n0, F f) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        f(m0 + 16 * mt + g + 8 * half, n0 + 8 * nt + 2 * t, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+      }
+}
+
+// Stores a pair as packed bf16 at tile (r, c).
+__device__ __forceinline__ void store_pair(const Tile& t, int r, int c, float x0, float x1) {
+  *reinterpret_cast<uint32_t*>(t.at(r, c)) = Mma::pack(x0, x1);
+}
+
+// Stores a pair as packed bf16 to global memory.
+__device__ __forceinline__ void store_pair(uint16_t* p, float x0, float x1) {
+  *reinterpret_cast<uint32_t*>(p) = Mma::pack(x0, x1);
+}
+
+// Sums a per-row value over the 4 lanes of a quad (the lanes holding one
+// fragment row).
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x;
+}
+
+// Token-major workspace rows: element (token, value head, column) of a
+// [B T][HV][cols] array.
+__device__ __forceinline__ int64_t token_index(int64_t row, int64_t t, int64_t T, int64_t hv, int64_t HV, int cols) {
+  return ((row * T + t) * HV + hv) * cols;
+}
+
+}  // namespace flashqla::cuda::bwd

@@ -1,0 +1,395 @@
+// The tensor-core backward, step 3 of 3: every gradient of one chunk from the
+// states both chains stored, all chunks at once. One CTA per (chunk, q/k head)
+// runs the head's value heads in turn, so dq and dk are summed over the GQA
+// group in registers (no partials, no atomics) and go through the l2norm
+// backward in place. Per value head, V in two halves of 64 columns (S, dS'
+// and the V-wide tiles of one half in shared memory):
+//   KS = K̂ S, U = V − e^γ KS, Vd = M diag(β) U
+//   dVd = diag(b) K̂ dS' + scale Pᵀ dO,  dR = Mᵀ dVd,  dv = β dR,  dKS = −e^γ β dR
+//   dP += dOs Vdᵀ, dA −= dR Vdᵀ, dq_v += dOs Sᵀ, dk += dKS Sᵀ + diag(b) Vd dS'ᵀ
+// then dq += diag(e^γ) dq_v + (Γ ⊙ dP) K̂ and dk += (Γ ⊙ dP)ᵀ Q̂ + sym(dA β Γ) K̂,
+// with dβ and dγ (then dg, its reverse in-chunk cumsum) from row and column
+// sums, as the CPU backend's chunked backward (src/cpu/chunked_reference.cpp).
+#include "cuda/sm90/gdn_bwd_tc_sm90.h"
+
+#include "cuda/sm90/gdn_bwd_tc/common.cuh"
+
+namespace flashqla::cuda {
+namespace {
+
+using namespace bwd;
+
+constexpr int kThreads = 256;
+constexpr int kHalf = 64;  // value columns a pass
+
+struct GradsSmem {
+  bf16 q[kChunk * kLdWide], k[kChunk * kLdWide];
+  bf16 s[kDim * kLdHalf], ds[kDim * kLdHalf];  // [key][value] of one half
+  bf16 dos[kChunk * kLdHalf], ru[kChunk * kLdHalf], vd[kChunk * kLdHalf], vdb[kChunk * kLdHalf],
+      dr[kChunk * kLdHalf], dks[kChunk * kLdHalf];
+  bf16 minv[kChunk * kLdHalf], p[kChunk * kLdHalf], dqk[kChunk * kLdHalf], dasym[kChunk * kLdHalf];
+  float qk[kChunk][kChunk + 1], kk[kChunk][kChunk + 1], scratch[kChunk][kChunk + 1];
+  float gamma[kChunk], beta[kChunk], eg[kChunk], b[kChunk], dgam[kChunk], dbet[kChunk];
+  // Per-row partial sums of the two warps that share a row block (index warp / 4).
+  float row_udr[2][kChunk], row_ksdr[2][kChunk], row_x[2][kChunk], row_q[2][kChunk];
+  float row_sq[2][kChunk], row_dot[2][kChunk];
+  float red[kThreads / 32];
+};
+
+// Adds a quad-summed per-row value to the warp's slot of a [2][64] array
+// (lane t == 0 of each quad writes; the two rows of a fragment).
+__device__ __forceinline__ void add_row(float (&arr)[2][kChunk], int part, int r, float v) {
+  v = quad_sum(v);
+  if (threadIdx.x % 4 == 0) arr[part][r] += v;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const BackwardArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  GradsSmem& s = *reinterpret_cast<GradsSmem*>(smem_raw);
+  const ForwardArgs& f = a.f;
+  const ChunkRef cr = chunk_of_slot(f, blockIdx.x);
+  if (!cr.valid) return;
+  const int64_t h = blockIdx.y, slot = blockIdx.x;
+  const int L = cr.L, tid = threadIdx.x, warp = tid / 32, part = warp / 4;
+  const Tile q{s.q, kLdWide}, k{s.k, kLdWide}, st{s.s, kLdHalf}, dst{s.ds, kLdHalf}, dos{s.dos, kLdHalf},
+      ru{s.ru, kLdHalf}, vd{s.vd, kLdHalf}, vdb{s.vdb, kLdHalf}, dr{s.dr, kLdHalf}, dks{s.dks, kLdHalf},
+      minv{s.minv, kLdHalf}, p{s.p, kLdHalf}, dqk{s.dqk, kLdHalf}, dasym{s.dasym, kLdHalf};
+  // Warp tiles: 64 x 64 products at rows m0, columns n0; 64 x 128 at rows m0, columns n1.
+  const int m0 = 16 * (warp % 4), n0 = 32 * part, n1 = 64 * part;
+
+  load_rows<kThreads, kDim>(q, static_cast<const bf16*>(f.q) + cr.row * f.q_sb + cr.t0 * f.q_st + h * f.q_sh, f.q_st, L);
+  load_rows<kThreads, kDim>(k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + h * f.k_sh, f.k_st, L);
+  __syncthreads();
+  scale_rows<kThreads>(q, L, f.use_qk_l2norm, [](int) { return 1.f; });
+  scale_rows<kThreads>(k, L, f.use_qk_l2norm, [](int) { return 1.f; });
+  __syncthreads();
+  {  // Q̂ K̂ᵀ and K̂ K̂ᵀ, shared by the group's value heads
+    float acc[1][4][4];
+    zero(acc);
+    warp_gemm<1, 4, false, true>(acc, q, k, m0, n0, kDim);
+    for_each_pair(acc, m0, n0, [&](int r, int c, float& x0, float& x1) {
+      s.qk[r][c] = x0;
+      s.qk[r][c + 1] = x1;
+    });
+    zero(acc);
+    warp_gemm<1, 4, false, true>(acc, k, k, m0, n0, kDim);
+    for_each_pair(acc, m0, n0, [&](int r, int c, float& x0, float& x1) {
+      s.kk[r][c] = x0;
+      s.kk[r][c + 1] = x1;
+    });
+  }
+
+  float dq[1][8][4], dk[1][8][4];
+  zero(dq);
+  zero(dk);
+  for (int64_t hv = h * f.group; hv < (h + 1) * f.group; ++hv) {
+    const int64_t tok64 = token_index(cr.row, cr.t0, f.T, hv, f.HV, kChunk);
+    load_rows<kThreads, kChunk>(minv, reinterpret_cast<const bf16*>(a.minv) + tok64, f.HV * kChunk, L);
+    if (tid < kChunk) {
+      const bool in = tid < L;
+      const int64_t t = cr.t0 + tid;
+      s.gamma[tid] = in ? load_float(f.g, f.g_dtype, cr.row * f.g_sb + t * f.g_st + hv) : 0.f;
+      s.beta[tid] = in ? activate_beta(load_float(f.beta, f.beta_dtype, cr.row * f.beta_sb + t * f.beta_st + hv),
+                                       f.beta_activation)
+                       : 0.f;
+    }
+    for (int i = tid; i < 2 * kChunk; i += kThreads) {
+      (&s.row_udr[0][0])[i] = 0.f;
+      (&s.row_ksdr[0][0])[i] = 0.f;
+      (&s.row_x[0][0])[i] = 0.f;
+      (&s.row_q[0][0])[i] = 0.f;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      float acc = 0.f;
+      for (int r = 0; r < kChunk; ++r) s.gamma[r] = (acc += r < L ? s.gamma[r] : 0.f);
+    }
+    __syncthreads();
+    if (tid < kChunk) {
+      s.eg[tid] = expf(s.gamma[tid]);
+      s.b[tid] = expf(s.gamma[L - 1] - s.gamma[tid]);
+    }
+    // P = Γ ⊙ Q̂ K̂ᵀ (lower, diagonal included, rows < L), bf16
+    for (int i = tid; i < kChunk * kChunk / 2; i += kThreads) {
+      const int r = i / (kChunk / 2), c = 2 * (i % (kChunk / 2));
+      const bool row_in = r < L;
+      store_pair(p, r, c, row_in && c <= r ? expf(s.gamma[r] - s.gamma[c]) * s.qk[r][c] : 0.f,
+                 row_in && c + 1 <= r ? expf(s.gamma[r] - s.gamma[c + 1]) * s.qk[r][c + 1] : 0.f);
+    }
+
+    float dP[1][4][4], dA[1][4][4], dqv[1][8][4];
+    zero(dP);
+    zero(dA);
+    zero(dqv);
+    float sds = 0.f;  // this thread's share of <S, dS'>
+    for (int half = 0; half < 2; ++half) {
+      const int cv0 = kHalf * half;
+      const uint16_t* const gs = a.states + (slot * f.HV + hv) * kDim * kDim + cv0;
+      const uint16_t* const gds = a.dstates + (slot * f.HV + hv) * kDim * kDim + cv0;
+      load_rows<kThreads, kHalf, kDim>(st, reinterpret_cast<const bf16*>(gs), kDim, kDim);
+      load_rows<kThreads, kHalf, kDim>(dst, reinterpret_cast<const bf16*>(gds), kDim, kDim);
+      load_rows<kThreads, kHalf>(
+          dos, static_cast<const bf16*>(a.d_o) + cr.row * a.do_sb + cr.t0 * a.do_st + hv * a.do_sh + cv0, a.do_st, L);
+      __syncthreads();
+      for (int i = tid; i < kChunk * kHalf / 2; i += kThreads) {
+        const int r = i / (kHalf / 2), c = 2 * (i % (kHalf / 2));
+        const float2 d = Mma::unpack(*reinterpret_cast<const uint32_t*>(dos.at(r, c)));
+        store_pair(dos, r, c, d.x * f.scale, d.y * f.scale);
+      }
+      for (int i = tid; i < kDim * kHalf / 2; i += kThreads) {
+        const int r = i / (kHalf / 2), c = 2 * (i % (kHalf / 2));
+        const float2 x = Mma::unpack(*reinterpret_cast<const uint32_t*>(st.at(r, c)));
+        const float2 y = Mma::unpack(*reinterpret_cast<const uint32_t*>(dst.at(r, c)));
+        sds += x.x * y.x + x.y * y.y;
+      }
+      // KS = K̂ S; U = V − e^γ KS; ru = β U
+      float ks[1][4][4];
+      zero(ks);
+      warp_gemm<1, 4, false, false>(ks, k, st, m0, n0, kDim);
+      const bf16* const vrow = static_cast<const bf16*>(f.v) + cr.row * f.v_sb + cr.t0 * f.v_st + hv * f.v_sh + cv0;
+      auto v_pair = [&](int r, int c) {
+        return r < L ? Mma::unpack(*reinterpret_cast<const uint32_t*>(vrow + r * f.v_st + c)) : make_float2(0.f, 0.f);
+      };
+      for_each_pair(ks, m0, n0, [&](int r, int c, float& x0, float& x1) {
+        const float2 v = v_pair(r, c);
+        store_pair(ru, r, c, s.beta[r] * (v.x - s.eg[r] * x0), s.beta[r] * (v.y - s.eg[r] * x1));
+      });
+      __syncthreads();
+      {  // Vd = M ru
+        float acc[1][4][4];
+        zero(acc);
+        warp_gemm<1, 4, false, false>(acc, minv, ru, m0, n0, kChunk);
+        for_each_pair(acc, m0, n0, [&](int r, int c, float& x0, float& x1) {
+          store_pair(vd, r, c, x0, x1);
+          store_pair(vdb, r, c, s.b[r] * x0, s.b[r] * x1);
+        });
+      }
+      __syncthreads();
+      {  // dVd = b K̂ dS' + Pᵀ dOs (into ru); x_r = (b K̂ dS')_r · Vd_r
+        float acc[1][4][4];
+        zero(acc);
+        warp_gemm<1, 4, false, false>(acc, k, dst, m0, n0, kDim);
+        float x_lo = 0.f, x_hi = 0.f;
+        for_each_pair(acc, m0, n0, [&](int r, int c, float& x0, float& x1) {
+          x0 *= s.b[r];
+          x1 *= s.b[r];
+          const float2 v = Mma::unpack(*reinterpret_cast<const uint32_t*>(vd.at(r, c)));
+          const float x = x0 * v.x + x1 * v.y;
+          if (r - m0 < 8) {
+            x_lo += x;
+          } else {
+            x_hi += x;
+          }
+        });
+        const int g = (tid % 32) / 4;
+        add_row(s.row_x, part, m0 + g, x_lo);
+        add_row(s.row_x, part, m0 + g + 8, x_hi);
+        warp_gemm<1, 4, true, false>(acc, p, dos, m0, n0, kChunk);
+        for_each_pair(acc, m0, n0, [&](int r, int c, float& x0, float& x1) { store_pair(ru, r, c, x0, x1); });
+      }
+      __syncthreads();
+      {  // dR = Mᵀ dVd; dv = β dR; dks = −e^γ β dR; U · dR and KS · dR by rows
+        float acc[1][4][4];
+        zero(acc);
+        warp_gemm<1, 4, true, false>(acc, minv, ru, m0, n0, kChunk);
+        const int lane = tid % 32, g = lane / 4, t4 = lane % 4;
+        float udr[2] = {0.f, 0.f}, ksdr[2] = {0.f, 0.f};
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = m0 + g + 8 * hh, c = n0 + 8 * nt + 2 * t4;
+            const float d0 = acc[0][nt][2 * hh], d1 = acc[0][nt][2 * hh + 1];
+            const float k0 = ks[0][nt][2 * hh], k1 = ks[0][nt][2 * hh + 1];
+            const float2 v = v_pair(r, c);
+            udr[hh] += (v.x - s.eg[r] * k0) * d0 + (v.y - s.eg[r] * k1) * d1;
+            ksdr[hh] += k0 * d0 + k1 * d1;
+            store_pair(dr, r, c, d0, d1);
+            store_pair(dks, r, c, -s.eg[r] * s.beta[r] * d0, -s.eg[r] * s.beta[r] * d1);
+            if (r < L) {
+              const int64_t o = cr.row * a.dv_sb + (cr.t0 + r) * a.dv_st + hv * a.dv_sh + cv0 + c;
+              store_float(a.dv, a.dv_dtype, o, s.beta[r] * d0);
+              store_float(a.dv, a.dv_dtype, o + 1, s.beta[r] * d1);
+            }
+          }
+        add_row(s.row_udr, part, m0 + g, udr[0]);
+        add_row(s.row_udr, part, m0 + g + 8, udr[1]);
+        add_row(s.row_ksdr, part, m0 + g, ksdr[0]);
+        add_row(s.row_ksdr, part, m0 + g + 8, ksdr[1]);
+      }
+      __syncthreads();
+      warp_gemm<1, 4, false, true>(dP, dos, vd, m0, n0, kHalf);
+      warp_gemm<1, 4, false, true>(dA, dr, vd, m0, n0, kHalf);
+      warp_gemm<1, 8, false, true>(dqv, dos, st, m0, n1, kHalf);
+      warp_gemm<1, 8, false, true>(dk, dks, st, m0, n1, kHalf);
+      warp_gemm<1, 8, false, true>(dk, vdb, dst, m0, n1, kHalf);
+      __syncthreads();
+    }
+
+    // dq += diag(e^γ) dq_v, with q̂_r · (e^γ dq_v)_r toward dγ_r.
+    {
+      const int g = (tid % 32) / 4;
+      float lo = 0.f, hi = 0.f;
+      for_each_pair(dqv, m0, n1, [&](int r, int c, float& x0, float& x1) {
+        x0 *= s.eg[r];
+        x1 *= s.eg[r];
+        const float2 qq = Mma::unpack(*reinterpret_cast<const uint32_t*>(q.at(r, c)));
+        const float x = qq.x * x0 + qq.y * x1;
+        if (r - m0 < 8) {
+          lo += x;
+        } else {
+          hi += x;
+        }
+      });
+      add_row(s.row_q, part, m0 + g, lo);
+      add_row(s.row_q, part, m0 + g + 8, hi);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dq[0][nt][e] += dqv[0][nt][e];
+    }
+    // dQK = Γ ⊙ dP (bf16), scratch = P ⊙ dP (strictly lower) for dγ.
+    for_each_pair(dP, m0, n0, [&](int r, int c, float& x0, float& x1) {
+      const bool row_in = r < L;
+      const float g0 = row_in && c <= r ? expf(s.gamma[r] - s.gamma[c]) : 0.f;
+      const float g1 = row_in && c + 1 <= r ? expf(s.gamma[r] - s.gamma[c + 1]) : 0.f;
+      store_pair(dqk, r, c, g0 * x0, g1 * x1);
+      s.scratch[r][c] = c < r ? g0 * s.qk[r][c] * x0 : 0.f;
+      s.scratch[r][c + 1] = c + 1 < r ? g1 * s.qk[r][c + 1] * x1 : 0.f;
+    });
+    const float sds_total = [&] {
+      float x = sds;
+      for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+      if (tid % 32 == 0) s.red[warp] = x;
+      __syncthreads();
+      float total = 0.f;
+      for (int i = 0; i < kThreads / 32; ++i) total += s.red[i];
+      return total;
+    }();
+    if (tid < kChunk) {  // P ⊙ dP: row sums minus column sums
+      const int t = tid;
+      float acc = 0.f;
+      for (int j = 0; j < t; ++j) acc += s.scratch[t][j];
+      for (int i = t + 1; i < L; ++i) acc -= s.scratch[i][t];
+      s.dgam[t] = acc;
+    }
+    __syncthreads();
+    // scratch = dA ⊙ Γ (strictly lower; dA = −dR Vdᵀ)
+    for_each_pair(dA, m0, n0, [&](int r, int c, float& x0, float& x1) {
+      const bool row_in = r < L;
+      s.scratch[r][c] = row_in && c < r ? -expf(s.gamma[r] - s.gamma[c]) * x0 : 0.f;
+      s.scratch[r][c + 1] = row_in && c + 1 < r ? -expf(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f;
+    });
+    __syncthreads();
+    // dasym = β_i dAΓ_ij + β_j dAΓ_ji; dβ, dγ from dA ⊙ Γ ⊙ K̂K̂ᵀ and the row sums.
+    for (int i = tid; i < kChunk * kChunk / 2; i += kThreads) {
+      const int r = i / (kChunk / 2), c = 2 * (i % (kChunk / 2));
+      store_pair(dasym, r, c, s.beta[r] * s.scratch[r][c] + s.beta[c] * s.scratch[c][r],
+                 s.beta[r] * s.scratch[r][c + 1] + s.beta[c + 1] * s.scratch[c + 1][r]);
+    }
+    if (tid < kChunk) {
+      const int t = tid;
+      float row = 0.f, col = 0.f;
+      for (int j = 0; j < t; ++j) row += s.scratch[t][j] * s.kk[t][j];
+      for (int i = t + 1; i < L; ++i) col += s.beta[i] * s.scratch[i][t] * s.kk[i][t];
+      const float udr = s.row_udr[0][t] + s.row_udr[1][t];
+      const float ksdr = s.row_ksdr[0][t] + s.row_ksdr[1][t];
+      const float xr = t < L - 1 ? s.row_x[0][t] + s.row_x[1][t] : 0.f;
+      s.dbet[t] = row + udr;
+      s.dgam[t] += s.beta[t] * row - col + s.row_q[0][t] + s.row_q[1][t] - s.eg[t] * s.beta[t] * ksdr - xr;
+      s.row_x[0][t] = xr;  // kept for dγ_last
+    }
+    __syncthreads();
+    if (tid == 0) {  // dγ_last, then dg_t = Σ_{i ≥ t} dγ_i
+      float last = s.eg[L - 1] * sds_total;
+      for (int j = 0; j < L - 1; ++j) last += s.row_x[0][j];
+      s.dgam[L - 1] += last;
+      float acc = 0.f;
+      for (int r = L - 1; r >= 0; --r) s.dgam[r] = (acc += s.dgam[r]);
+    }
+    __syncthreads();
+    if (tid < L) {
+      const int64_t t = cr.t0 + tid;
+      float db = s.dbet[tid];
+      if (f.beta_activation != FLASHQLA_BETA_IDENTITY) {
+        const float raw = load_float(f.beta, f.beta_dtype, cr.row * f.beta_sb + t * f.beta_st + hv);
+        const float sg = 1.f / (1.f + expf(-raw));
+        db *= (f.beta_activation == FLASHQLA_BETA_SIGMOID_X2 ? 2.f : 1.f) * sg * (1.f - sg);
+      }
+      store_float(a.dbeta, a.dbeta_dtype, cr.row * a.dbeta_sb + t * a.dbeta_st + hv, db);
+      store_float(a.dg, a.dg_dtype, cr.row * a.dg_sb + t * a.dg_st + hv, s.dgam[tid]);
+    }
+    warp_gemm<1, 8, false, false>(dq, dqk, k, m0, n1, kChunk);
+    warp_gemm<1, 8, true, false>(dk, dqk, q, m0, n1, kChunk);
+    warp_gemm<1, 8, false, false>(dk, dasym, k, m0, n1, kChunk);
+    __syncthreads();
+  }
+
+  // The l2norm backward (dx = r (dy − y (y · dy)), y = x r, from the raw rows),
+  // then dq and dk rows < L.
+  const int g = (tid % 32) / 4;
+  auto finish = [&](float(&d)[1][8][4], const void* raw, int64_t base, int64_t st_tok, void* out, int64_t ob,
+                    int64_t ost, int64_t osh, flashqla_dtype_t odt) {
+    auto raw_pair = [&](int r, int c) {
+      return r < L ? Mma::unpack(*reinterpret_cast<const uint32_t*>(static_cast<const bf16*>(raw) + base +
+                                                                    r * st_tok + c))
+                   : make_float2(0.f, 0.f);
+    };
+    if (f.use_qk_l2norm) {
+      for (int i = tid; i < 2 * kChunk; i += kThreads) {
+        (&s.row_sq[0][0])[i] = 0.f;
+        (&s.row_dot[0][0])[i] = 0.f;
+      }
+      __syncthreads();
+      float sq_lo = 0.f, sq_hi = 0.f, dot_lo = 0.f, dot_hi = 0.f;
+      for_each_pair(d, m0, n1, [&](int r, int c, float& x0, float& x1) {
+        const float2 xv = raw_pair(r, c);
+        const float sq = xv.x * xv.x + xv.y * xv.y, dot = xv.x * x0 + xv.y * x1;
+        if (r - m0 < 8) {
+          sq_lo += sq;
+          dot_lo += dot;
+        } else {
+          sq_hi += sq;
+          dot_hi += dot;
+        }
+      });
+      add_row(s.row_sq, part, m0 + g, sq_lo);
+      add_row(s.row_sq, part, m0 + g + 8, sq_hi);
+      add_row(s.row_dot, part, m0 + g, dot_lo);
+      add_row(s.row_dot, part, m0 + g + 8, dot_hi);
+      __syncthreads();
+      for_each_pair(d, m0, n1, [&](int r, int c, float& x0, float& x1) {
+        const float2 xv = raw_pair(r, c);
+        const float rs = rsqrtf(s.row_sq[0][r] + s.row_sq[1][r] + 1e-6f);
+        const float ydy = rs * (s.row_dot[0][r] + s.row_dot[1][r]);  // y · dy
+        x0 = rs * (x0 - xv.x * rs * ydy);
+        x1 = rs * (x1 - xv.y * rs * ydy);
+      });
+      __syncthreads();
+    }
+    for_each_pair(d, m0, n1, [&](int r, int c, float& x0, float& x1) {
+      if (r < L) {
+        const int64_t o = cr.row * ob + (cr.t0 + r) * ost + h * osh + c;
+        store_float(out, odt, o, x0);
+        store_float(out, odt, o + 1, x1);
+      }
+    });
+  };
+  finish(dq, f.q, cr.row * f.q_sb + cr.t0 * f.q_st + h * f.q_sh, f.q_st, a.dq, a.dq_sb, a.dq_st, a.dq_sh, a.dq_dtype);
+  finish(dk, f.k, cr.row * f.k_sb + cr.t0 * f.k_st + h * f.k_sh, f.k_st, a.dk, a.dk_sb, a.dk_st, a.dk_sh, a.dk_dtype);
+}
+
+}  // namespace
+
+cudaError_t launch_gdn_bwd_tc_grads(const BackwardArgs& args, cudaStream_t stream) {
+  const size_t smem = sizeof(GradsSmem);
+  cudaError_t err = cudaFuncSetAttribute(gdn_bwd_tc_grads_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  if (args.chunk_slots == 0 || args.f.H == 0) return cudaSuccess;
+  gdn_bwd_tc_grads_kernel<<<dim3(static_cast<unsigned>(args.chunk_slots), static_cast<unsigned>(args.f.H)), kThreads,
+                            smem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace flashqla::cuda

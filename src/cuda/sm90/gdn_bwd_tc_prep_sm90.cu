@@ -1,0 +1,156 @@
+// The tensor-core backward, step 1 of 3: what each chunk needs that depends on
+// no state, computed for every (chunk, value head) at once. From q̂, k̂, v, dO,
+// g and β of one chunk:
+//   A    = StrictLower(diag(β) (Γ ⊙ K̂ K̂ᵀ)),  M = (I + A)⁻¹   (fp32 in shared memory)
+//   W    = M diag(β e^γ) K̂     the state's pull on the chunk's deltas
+//   U0   = M diag(β) V         the deltas from a zero state (Vd = U0 − W S)
+//   Z    = scale · Pᵀ dO,  P = Γ ⊙ Q̂ K̂ᵀ (lower, diagonal included)
+// W, U0, Z and M go to the workspace in bf16, per token and value head.
+#include "cuda/sm90/gdn_bwd_tc_sm90.h"
+
+#include "cuda/sm90/gdn_bwd_tc/common.cuh"
+
+namespace flashqla::cuda {
+namespace {
+
+using namespace bwd;
+
+constexpr int kThreads = 256;
+
+struct PrepSmem {
+  bf16 q[kChunk * kLdWide], k[kChunk * kLdWide], kbe[kChunk * kLdWide], vb[kChunk * kLdWide],
+      dos[kChunk * kLdWide];
+  bf16 mb[kChunk * kLdHalf], p[kChunk * kLdHalf];
+  float a[kChunk][kChunk + 1], minv[kChunk][kChunk + 1];
+  float gamma[kChunk], beta[kChunk], eg[kChunk];
+};
+
+__global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_prep_kernel(const BackwardArgs a) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  PrepSmem& s = *reinterpret_cast<PrepSmem*>(smem_raw);
+  const ForwardArgs& f = a.f;
+  const ChunkRef cr = chunk_of_slot(f, blockIdx.x);
+  if (!cr.valid) return;
+  const int64_t hv = blockIdx.y, h = hv / f.group;
+  const int L = cr.L, tid = threadIdx.x, warp = tid / 32;
+  const Tile q{s.q, kLdWide}, k{s.k, kLdWide}, kbe{s.kbe, kLdWide}, vb{s.vb, kLdWide}, dos{s.dos, kLdWide};
+  const Tile mb{s.mb, kLdHalf}, p{s.p, kLdHalf};
+
+  load_rows<kThreads, kDim>(q, static_cast<const bf16*>(f.q) + cr.row * f.q_sb + cr.t0 * f.q_st + h * f.q_sh, f.q_st, L);
+  load_rows<kThreads, kDim>(k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + h * f.k_sh, f.k_st, L);
+  load_rows<kThreads, kDim>(vb, static_cast<const bf16*>(f.v) + cr.row * f.v_sb + cr.t0 * f.v_st + hv * f.v_sh, f.v_st,
+                            L);
+  load_rows<kThreads, kDim>(dos,
+                            static_cast<const bf16*>(a.d_o) + cr.row * a.do_sb + cr.t0 * a.do_st + hv * a.do_sh,
+                            a.do_st, L);
+  if (tid < kChunk) {
+    const bool in = tid < L;
+    const int64_t t = cr.t0 + tid;
+    s.gamma[tid] = in ? load_float(f.g, f.g_dtype, cr.row * f.g_sb + t * f.g_st + hv) : 0.f;
+    s.beta[tid] = in ? activate_beta(load_float(f.beta, f.beta_dtype, cr.row * f.beta_sb + t * f.beta_st + hv),
+                                     f.beta_activation)
+                     : 0.f;
+  }
+  __syncthreads();
+  if (tid == 0) {  // inclusive cumsum; padded rows repeat the last value
+    float acc = 0.f;
+    for (int r = 0; r < kChunk; ++r) s.gamma[r] = (acc += r < L ? s.gamma[r] : 0.f);
+  }
+  scale_rows<kThreads>(q, L, f.use_qk_l2norm, [](int) { return 1.f; });
+  scale_rows<kThreads>(k, L, f.use_qk_l2norm, [](int) { return 1.f; });
+  __syncthreads();
+  if (tid < kChunk) s.eg[tid] = expf(s.gamma[tid]);
+  __syncthreads();
+  // kbe = diag(β e^γ) K̂, vb = diag(β) V, dos = scale · dO (pairs)
+  for (int i = tid; i < kChunk * kDim / 2; i += kThreads) {
+    const int r = i / (kDim / 2), c = 2 * (i % (kDim / 2));
+    const float2 kv = Mma::unpack(*reinterpret_cast<const uint32_t*>(k.at(r, c)));
+    const float2 vv = Mma::unpack(*reinterpret_cast<const uint32_t*>(vb.at(r, c)));
+    const float2 dv = Mma::unpack(*reinterpret_cast<const uint32_t*>(dos.at(r, c)));
+    const float be = s.beta[r] * s.eg[r];
+    store_pair(kbe, r, c, kv.x * be, kv.y * be);
+    store_pair(vb, r, c, vv.x * s.beta[r], vv.y * s.beta[r]);
+    store_pair(dos, r, c, dv.x * f.scale, dv.y * f.scale);
+  }
+  // K̂ K̂ᵀ -> A (fp32), Q̂ K̂ᵀ -> P (bf16); M starts as the identity.
+  {
+    const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
+    float kk[1][4][4], qk[1][4][4];
+    zero(kk);
+    zero(qk);
+    warp_gemm<1, 4, false, true>(kk, k, k, m0, n0, kDim);
+    warp_gemm<1, 4, false, true>(qk, q, k, m0, n0, kDim);
+    for_each_pair(kk, m0, n0, [&](int r, int c, float& x0, float& x1) {
+      const bool row_in = r < L;
+      s.a[r][c] = row_in && c < r ? s.beta[r] * expf(s.gamma[r] - s.gamma[c]) * x0 : 0.f;
+      s.a[r][c + 1] = row_in && c + 1 < r ? s.beta[r] * expf(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f;
+    });
+    for_each_pair(qk, m0, n0, [&](int r, int c, float& x0, float& x1) {
+      const bool row_in = r < L;
+      store_pair(p, r, c, row_in && c <= r ? expf(s.gamma[r] - s.gamma[c]) * x0 : 0.f,
+                 row_in && c + 1 <= r ? expf(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f);
+    });
+  }
+  for (int i = tid; i < kChunk * kChunk; i += kThreads) s.minv[i / kChunk][i % kChunk] = i / kChunk == i % kChunk;
+  __syncthreads();
+  // M = (I + A)⁻¹ by rows: M[r][c] = −Σ_{c ≤ m < r} A[r][m] M[m][c] (64 columns × 4 partial sums).
+  {
+    const int c = tid / 4, part = tid % 4;
+    for (int r = 1; r < L; ++r) {
+      float x = 0.f;
+      if (c < r) {
+        for (int m = c + part; m < r; m += 4) x += s.a[r][m] * s.minv[m][c];
+      }
+      x = quad_sum(x);
+      if (c < r && part == 0) s.minv[r][c] = -x;
+      __syncthreads();
+    }
+  }
+  for (int i = tid; i < kChunk * kChunk / 2; i += kThreads) {
+    const int r = i / (kChunk / 2), c = 2 * (i % (kChunk / 2));
+    const float x0 = s.minv[r][c], x1 = s.minv[r][c + 1];
+    store_pair(mb, r, c, x0, x1);
+    if (r < L) store_pair(a.minv + token_index(cr.row, cr.t0 + r, f.T, hv, f.HV, kChunk) + c, x0, x1);
+  }
+  __syncthreads();
+  // W = M kbe, U0 = M vb, Z = Pᵀ dos: rows 16 (warp % 4), columns 64 (warp / 4).
+  const int m0 = 16 * (warp % 4), n0 = 64 * (warp / 4);
+  auto store_rows = [&](uint16_t* dst, float(&acc)[1][8][4]) {
+    for_each_pair(acc, m0, n0, [&](int r, int c, float& x0, float& x1) {
+      if (r < L) store_pair(dst + token_index(cr.row, cr.t0 + r, f.T, hv, f.HV, kDim) + c, x0, x1);
+    });
+  };
+  {
+    float acc[1][8][4];
+    zero(acc);
+    warp_gemm<1, 8, false, false>(acc, mb, kbe, m0, n0, kChunk);
+    store_rows(a.w, acc);
+  }
+  {
+    float acc[1][8][4];
+    zero(acc);
+    warp_gemm<1, 8, false, false>(acc, mb, vb, m0, n0, kChunk);
+    store_rows(a.u0, acc);
+  }
+  {
+    float acc[1][8][4];
+    zero(acc);
+    warp_gemm<1, 8, true, false>(acc, p, dos, m0, n0, kChunk);
+    store_rows(a.z, acc);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_gdn_bwd_tc_prep(const BackwardArgs& args, cudaStream_t stream) {
+  const size_t smem = sizeof(PrepSmem);
+  cudaError_t err =
+      cudaFuncSetAttribute(gdn_bwd_tc_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  if (args.chunk_slots == 0 || args.f.HV == 0) return cudaSuccess;
+  gdn_bwd_tc_prep_kernel<<<dim3(static_cast<unsigned>(args.chunk_slots), static_cast<unsigned>(args.f.HV)), kThreads,
+                           smem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace flashqla::cuda

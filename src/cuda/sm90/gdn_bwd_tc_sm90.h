@@ -1,0 +1,48 @@
+// The tensor-core backward (K = V = 128, bf16 q, k, v and dO): three launches,
+//   1. prep   (chunk, value head): M = (I + A)⁻¹ and the state-free products
+//             W, U0, Z of each chunk            gdn_bwd_tc_prep_sm90.cu
+//   2. chains (sequence, value head, V tile) × 2: S entering and dS leaving
+//             every chunk, in bf16; d_initial_state   gdn_bwd_tc_chains_sm90.cu
+//   3. grads  (chunk, q/k head): dq, dk, dv, dg, dβ   gdn_bwd_tc_grads_sm90.cu
+// all in the workspace layout below (BackwardArgs' tensor-core fields).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/backward_args.h"
+
+namespace flashqla::cuda {
+
+// Byte offsets of the tensor-core backward's arrays (from the workspace start).
+struct TensorCoreBackwardLayout {
+  int64_t chunk_slots = 0;
+  size_t w = 0, u0 = 0, z = 0, minv = 0, states = 0, dstates = 0, bytes = 0;
+};
+
+// After `offset` bytes the caller keeps; K = V = 128.
+inline TensorCoreBackwardLayout tensor_core_backward_layout(int64_t B, int64_t T, int64_t N, int64_t HV, bool varlen,
+                                                            size_t offset) {
+  constexpr int64_t kChunk = 64, kDim = 128;
+  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  TensorCoreBackwardLayout l;
+  l.chunk_slots = varlen ? T / kChunk + N : N * ((T + kChunk - 1) / kChunk);
+  const size_t tokens = static_cast<size_t>(B * T * HV), bf16 = 2;
+  l.w = align(offset);
+  l.u0 = align(l.w + tokens * kDim * bf16);
+  l.z = align(l.u0 + tokens * kDim * bf16);
+  l.minv = align(l.z + tokens * kDim * bf16);
+  l.states = align(l.minv + tokens * kChunk * bf16);
+  const size_t states = static_cast<size_t>(l.chunk_slots * HV) * kDim * kDim * bf16;
+  l.dstates = align(l.states + states);
+  l.bytes = l.dstates + states;
+  return l;
+}
+
+cudaError_t launch_gdn_bwd_tc_prep(const BackwardArgs& args, cudaStream_t stream);
+cudaError_t launch_gdn_bwd_tc_chains(const BackwardArgs& args, cudaStream_t stream);
+cudaError_t launch_gdn_bwd_tc_grads(const BackwardArgs& args, cudaStream_t stream);
+
+}  // namespace flashqla::cuda
