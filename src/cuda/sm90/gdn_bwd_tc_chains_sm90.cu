@@ -27,7 +27,7 @@ struct ChainSmem {
   bf16 in[kChunk * kLdVt];   // U0 (forward) or Z (backward) columns
   bf16 dos[kChunk * kLdVt];  // scale · dO columns (backward)
   bf16 vd[kChunk * kLdVt];   // diag(e^{γ_L − γ}) Vd (forward) or −dVd (backward)
-  float gamma[kChunk], eg[kChunk], b[kChunk];
+  float gamma[kChunk], eg[kChunk], b[kChunk], carry;
 };
 
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const BackwardArgs a) {
@@ -80,16 +80,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
       load_rows<kThreads, kVt>(
           dos, static_cast<const bf16*>(a.d_o) + seq.row * a.do_sb + t0 * a.do_st + hv * a.do_sh + v0, a.do_st, L);
     }
-    if (tid < kChunk) {
-      s.gamma[tid] = tid < L ? load_float(f.g, f.g_dtype, seq.row * f.g_sb + (t0 + tid) * f.g_st + hv) : 0.f;
-    }
+    float g = tid < L ? load_float(f.g, f.g_dtype, seq.row * f.g_sb + (t0 + tid) * f.g_st + hv) : 0.f;
+    g = chunk_scan(g, &s.carry, false);
+    if (tid < kChunk) s.gamma[tid] = g;
+    wait_async_copies();
     __syncthreads();
-    if (tid == 0) {
-      float acc = 0.f;
-      for (int r = 0; r < kChunk; ++r) s.gamma[r] = (acc += r < L ? s.gamma[r] : 0.f);
-    }
     scale_rows<kThreads>(k, L, f.use_qk_l2norm, [](int) { return 1.f; });
-    __syncthreads();
     if (tid < kChunk) {
       s.eg[tid] = expf(s.gamma[tid]);
       s.b[tid] = expf(s.gamma[L - 1] - s.gamma[tid]);

@@ -6,8 +6,8 @@
 // and the V-wide tiles of one half in shared memory):
 //   KS = K̂ S, U = V − e^γ KS, Vd = M diag(β) U
 //   dVd = diag(b) K̂ dS' + scale Pᵀ dO,  dR = Mᵀ dVd,  dv = β dR,  dKS = −e^γ β dR
-//   dP += dOs Vdᵀ, dA −= dR Vdᵀ, dq_v += dOs Sᵀ, dk += dKS Sᵀ + diag(b) Vd dS'ᵀ
-// then dq += diag(e^γ) dq_v + (Γ ⊙ dP) K̂ and dk += (Γ ⊙ dP)ᵀ Q̂ + sym(dA β Γ) K̂,
+//   dP += dOs Vdᵀ, dA −= dR Vdᵀ, dq += diag(e^γ) dOs Sᵀ, dk += dKS Sᵀ + diag(b) Vd dS'ᵀ
+// then dq += (Γ ⊙ dP) K̂ and dk += (Γ ⊙ dP)ᵀ Q̂ + sym(dA β Γ) K̂,
 // with dβ and dγ (then dg, its reverse in-chunk cumsum) from row and column
 // sums, as the CPU backend's chunked backward (src/cpu/chunked_reference.cpp).
 #include "cuda/sm90/gdn_bwd_tc_sm90.h"
@@ -25,15 +25,16 @@ constexpr int kHalf = 64;  // value columns a pass
 struct GradsSmem {
   bf16 q[kChunk * kLdWide], k[kChunk * kLdWide];
   bf16 s[kDim * kLdHalf], ds[kDim * kLdHalf];  // [key][value] of one half
-  bf16 dos[kChunk * kLdHalf], ru[kChunk * kLdHalf], vd[kChunk * kLdHalf], vdb[kChunk * kLdHalf],
+  // After the halves, vt holds Γ ⊙ dP and ru the symmetrised dA β Γ.
+  bf16 vt[kChunk * kLdHalf], dos[kChunk * kLdHalf], dosd[kChunk * kLdHalf], kst[kChunk * kLdHalf], ru[kChunk * kLdHalf], vd[kChunk * kLdHalf], vdb[kChunk * kLdHalf],
       dr[kChunk * kLdHalf], dks[kChunk * kLdHalf];
-  bf16 minv[kChunk * kLdHalf], p[kChunk * kLdHalf], dqk[kChunk * kLdHalf], dasym[kChunk * kLdHalf];
+  bf16 minv[kChunk * kLdHalf], p[kChunk * kLdHalf];
   float qk[kChunk][kChunk + 1], kk[kChunk][kChunk + 1], scratch[kChunk][kChunk + 1];
   float gamma[kChunk], beta[kChunk], eg[kChunk], b[kChunk], dgam[kChunk], dbet[kChunk];
   // Per-row partial sums of the two warps that share a row block (index warp / 4).
   float row_udr[2][kChunk], row_ksdr[2][kChunk], row_x[2][kChunk], row_q[2][kChunk];
   float row_sq[2][kChunk], row_dot[2][kChunk];
-  float red[kThreads / 32];
+  float red[kThreads / 32], carry;
 };
 
 // Adds a quad-summed per-row value to the warp's slot of a [2][64] array
@@ -51,14 +52,15 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
   if (!cr.valid) return;
   const int64_t h = blockIdx.y, slot = blockIdx.x;
   const int L = cr.L, tid = threadIdx.x, warp = tid / 32, part = warp / 4;
-  const Tile q{s.q, kLdWide}, k{s.k, kLdWide}, st{s.s, kLdHalf}, dst{s.ds, kLdHalf}, dos{s.dos, kLdHalf},
+  const Tile q{s.q, kLdWide}, k{s.k, kLdWide}, st{s.s, kLdHalf}, vt{s.vt, kLdHalf}, dst{s.ds, kLdHalf}, dos{s.dos, kLdHalf},
       ru{s.ru, kLdHalf}, vd{s.vd, kLdHalf}, vdb{s.vdb, kLdHalf}, dr{s.dr, kLdHalf}, dks{s.dks, kLdHalf},
-      minv{s.minv, kLdHalf}, p{s.p, kLdHalf}, dqk{s.dqk, kLdHalf}, dasym{s.dasym, kLdHalf};
+      minv{s.minv, kLdHalf}, p{s.p, kLdHalf}, dosd{s.dosd, kLdHalf}, kst{s.kst, kLdHalf}, dqk{s.vt, kLdHalf}, dasym{s.ru, kLdHalf};
   // Warp tiles: 64 x 64 products at rows m0, columns n0; 64 x 128 at rows m0, columns n1.
   const int m0 = 16 * (warp % 4), n0 = 32 * part, n1 = 64 * part;
 
   load_rows<kThreads, kDim>(q, static_cast<const bf16*>(f.q) + cr.row * f.q_sb + cr.t0 * f.q_st + h * f.q_sh, f.q_st, L);
   load_rows<kThreads, kDim>(k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + h * f.k_sh, f.k_st, L);
+  wait_async_copies();
   __syncthreads();
   scale_rows<kThreads>(q, L, f.use_qk_l2norm, [](int) { return 1.f; });
   scale_rows<kThreads>(k, L, f.use_qk_l2norm, [](int) { return 1.f; });
@@ -85,10 +87,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
   for (int64_t hv = h * f.group; hv < (h + 1) * f.group; ++hv) {
     const int64_t tok64 = token_index(cr.row, cr.t0, f.T, hv, f.HV, kChunk);
     load_rows<kThreads, kChunk>(minv, reinterpret_cast<const bf16*>(a.minv) + tok64, f.HV * kChunk, L);
+    float g = 0.f;
     if (tid < kChunk) {
       const bool in = tid < L;
       const int64_t t = cr.t0 + tid;
-      s.gamma[tid] = in ? load_float(f.g, f.g_dtype, cr.row * f.g_sb + t * f.g_st + hv) : 0.f;
+      g = in ? load_float(f.g, f.g_dtype, cr.row * f.g_sb + t * f.g_st + hv) : 0.f;
       s.beta[tid] = in ? activate_beta(load_float(f.beta, f.beta_dtype, cr.row * f.beta_sb + t * f.beta_st + hv),
                                        f.beta_activation)
                        : 0.f;
@@ -99,11 +102,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       (&s.row_x[0][0])[i] = 0.f;
       (&s.row_q[0][0])[i] = 0.f;
     }
-    __syncthreads();
-    if (tid == 0) {
-      float acc = 0.f;
-      for (int r = 0; r < kChunk; ++r) s.gamma[r] = (acc += r < L ? s.gamma[r] : 0.f);
-    }
+    g = chunk_scan(g, &s.carry, false);
+    if (tid < kChunk) s.gamma[tid] = g;
     __syncthreads();
     if (tid < kChunk) {
       s.eg[tid] = expf(s.gamma[tid]);
@@ -117,10 +117,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
                  row_in && c + 1 <= r ? expf(s.gamma[r] - s.gamma[c + 1]) * s.qk[r][c + 1] : 0.f);
     }
 
-    float dP[1][4][4], dA[1][4][4], dqv[1][8][4];
+    float dP[1][4][4], dA[1][4][4];
     zero(dP);
     zero(dA);
-    zero(dqv);
     float sds = 0.f;  // this thread's share of <S, dS'>
     for (int half = 0; half < 2; ++half) {
       const int cv0 = kHalf * half;
@@ -130,11 +129,16 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       load_rows<kThreads, kHalf, kDim>(dst, reinterpret_cast<const bf16*>(gds), kDim, kDim);
       load_rows<kThreads, kHalf>(
           dos, static_cast<const bf16*>(a.d_o) + cr.row * a.do_sb + cr.t0 * a.do_st + hv * a.do_sh + cv0, a.do_st, L);
+      load_rows<kThreads, kHalf>(
+          vt, static_cast<const bf16*>(f.v) + cr.row * f.v_sb + cr.t0 * f.v_st + hv * f.v_sh + cv0, f.v_st, L);
+      wait_async_copies();
       __syncthreads();
       for (int i = tid; i < kChunk * kHalf / 2; i += kThreads) {
         const int r = i / (kHalf / 2), c = 2 * (i % (kHalf / 2));
         const float2 d = Mma::unpack(*reinterpret_cast<const uint32_t*>(dos.at(r, c)));
+        const float ds = f.scale * s.eg[r];
         store_pair(dos, r, c, d.x * f.scale, d.y * f.scale);
+        store_pair(dosd, r, c, d.x * ds, d.y * ds);
       }
       for (int i = tid; i < kDim * kHalf / 2; i += kThreads) {
         const int r = i / (kHalf / 2), c = 2 * (i % (kHalf / 2));
@@ -146,15 +150,38 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       float ks[1][4][4];
       zero(ks);
       warp_gemm<1, 4, false, false>(ks, k, st, m0, n0, kDim);
-      const bf16* const vrow = static_cast<const bf16*>(f.v) + cr.row * f.v_sb + cr.t0 * f.v_st + hv * f.v_sh + cv0;
-      auto v_pair = [&](int r, int c) {
-        return r < L ? Mma::unpack(*reinterpret_cast<const uint32_t*>(vrow + r * f.v_st + c)) : make_float2(0.f, 0.f);
-      };
-      for_each_pair(ks, m0, n0, [&](int r, int c, float& x0, float& x1) {
-        const float2 v = v_pair(r, c);
-        store_pair(ru, r, c, s.beta[r] * (v.x - s.eg[r] * x0), s.beta[r] * (v.y - s.eg[r] * x1));
-      });
+      {
+        const int lane = tid % 32, g8 = lane / 4, t4 = lane % 4;
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = m0 + g8 + 8 * hh, c = n0 + 8 * nt + 2 * t4;
+            const float2 v = Mma::unpack(*reinterpret_cast<const uint32_t*>(vt.at(r, c)));
+            store_pair(ru, r, c, s.beta[r] * (v.x - s.eg[r] * ks[0][nt][2 * hh]),
+                       s.beta[r] * (v.y - s.eg[r] * ks[0][nt][2 * hh + 1]));
+            store_pair(kst, r, c, ks[0][nt][2 * hh], ks[0][nt][2 * hh + 1]);
+          }
+      }
       __syncthreads();
+      {  // (Q̂ S)_r · dOs_r toward dγ_r (times e^γ_r later)
+        float qs[1][4][4];
+        zero(qs);
+        warp_gemm<1, 4, false, false>(qs, q, st, m0, n0, kDim);
+        float lo = 0.f, hi = 0.f;
+        for_each_pair_at(qs, m0, n0, [&](int, int, int hh, int r, int c, float& x0, float& x1) {
+          const float2 d = Mma::unpack(*reinterpret_cast<const uint32_t*>(dos.at(r, c)));
+          const float x = x0 * d.x + x1 * d.y;
+          if (hh == 0) {
+            lo += x;
+          } else {
+            hi += x;
+          }
+        });
+        const int g8 = (tid % 32) / 4;
+        add_row(s.row_q, part, m0 + g8, lo);
+        add_row(s.row_q, part, m0 + g8 + 8, hi);
+      }
       {  // Vd = M ru
         float acc[1][4][4];
         zero(acc);
@@ -170,12 +197,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
         zero(acc);
         warp_gemm<1, 4, false, false>(acc, k, dst, m0, n0, kDim);
         float x_lo = 0.f, x_hi = 0.f;
-        for_each_pair(acc, m0, n0, [&](int r, int c, float& x0, float& x1) {
+        for_each_pair_at(acc, m0, n0, [&](int, int, int hh, int r, int c, float& x0, float& x1) {
           x0 *= s.b[r];
           x1 *= s.b[r];
           const float2 v = Mma::unpack(*reinterpret_cast<const uint32_t*>(vd.at(r, c)));
           const float x = x0 * v.x + x1 * v.y;
-          if (r - m0 < 8) {
+          if (hh == 0) {
             x_lo += x;
           } else {
             x_hi += x;
@@ -200,8 +227,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
           for (int hh = 0; hh < 2; ++hh) {
             const int r = m0 + g + 8 * hh, c = n0 + 8 * nt + 2 * t4;
             const float d0 = acc[0][nt][2 * hh], d1 = acc[0][nt][2 * hh + 1];
-            const float k0 = ks[0][nt][2 * hh], k1 = ks[0][nt][2 * hh + 1];
-            const float2 v = v_pair(r, c);
+            const float2 kv = Mma::unpack(*reinterpret_cast<const uint32_t*>(kst.at(r, c)));
+            const float k0 = kv.x, k1 = kv.y;
+            const float2 v = Mma::unpack(*reinterpret_cast<const uint32_t*>(vt.at(r, c)));
             udr[hh] += (v.x - s.eg[r] * k0) * d0 + (v.y - s.eg[r] * k1) * d1;
             ksdr[hh] += k0 * d0 + k1 * d1;
             store_pair(dr, r, c, d0, d1);
@@ -220,34 +248,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       __syncthreads();
       warp_gemm<1, 4, false, true>(dP, dos, vd, m0, n0, kHalf);
       warp_gemm<1, 4, false, true>(dA, dr, vd, m0, n0, kHalf);
-      warp_gemm<1, 8, false, true>(dqv, dos, st, m0, n1, kHalf);
+      warp_gemm<1, 8, false, true>(dq, dosd, st, m0, n1, kHalf);
       warp_gemm<1, 8, false, true>(dk, dks, st, m0, n1, kHalf);
       warp_gemm<1, 8, false, true>(dk, vdb, dst, m0, n1, kHalf);
       __syncthreads();
     }
 
-    // dq += diag(e^γ) dq_v, with q̂_r · (e^γ dq_v)_r toward dγ_r.
-    {
-      const int g = (tid % 32) / 4;
-      float lo = 0.f, hi = 0.f;
-      for_each_pair(dqv, m0, n1, [&](int r, int c, float& x0, float& x1) {
-        x0 *= s.eg[r];
-        x1 *= s.eg[r];
-        const float2 qq = Mma::unpack(*reinterpret_cast<const uint32_t*>(q.at(r, c)));
-        const float x = qq.x * x0 + qq.y * x1;
-        if (r - m0 < 8) {
-          lo += x;
-        } else {
-          hi += x;
-        }
-      });
-      add_row(s.row_q, part, m0 + g, lo);
-      add_row(s.row_q, part, m0 + g + 8, hi);
-#pragma unroll
-      for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) dq[0][nt][e] += dqv[0][nt][e];
-    }
     // dQK = Γ ⊙ dP (bf16), scratch = P ⊙ dP (strictly lower) for dγ.
     for_each_pair(dP, m0, n0, [&](int r, int c, float& x0, float& x1) {
       const bool row_in = r < L;
@@ -296,18 +302,17 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       const float ksdr = s.row_ksdr[0][t] + s.row_ksdr[1][t];
       const float xr = t < L - 1 ? s.row_x[0][t] + s.row_x[1][t] : 0.f;
       s.dbet[t] = row + udr;
-      s.dgam[t] += s.beta[t] * row - col + s.row_q[0][t] + s.row_q[1][t] - s.eg[t] * s.beta[t] * ksdr - xr;
+      s.dgam[t] += s.beta[t] * row - col + s.eg[t] * (s.row_q[0][t] + s.row_q[1][t]) - s.eg[t] * s.beta[t] * ksdr - xr;
       s.row_x[0][t] = xr;  // kept for dγ_last
     }
     __syncthreads();
-    if (tid == 0) {  // dγ_last, then dg_t = Σ_{i ≥ t} dγ_i
-      float last = s.eg[L - 1] * sds_total;
-      for (int j = 0; j < L - 1; ++j) last += s.row_x[0][j];
-      s.dgam[L - 1] += last;
-      float acc = 0.f;
-      for (int r = L - 1; r >= 0; --r) s.dgam[r] = (acc += s.dgam[r]);
-    }
+    // dγ_last gets e^{γ_L} <S, dS'> and Σ x; then dg_t = Σ_{i ≥ t} dγ_i.
+    float xs = tid < kChunk ? s.row_x[0][tid] : 0.f;
+    xs = chunk_scan(xs, &s.carry, true);  // thread 0: Σ_j x_j
+    if (tid == 0) s.dgam[L - 1] += s.eg[L - 1] * sds_total + xs;
     __syncthreads();
+    float dgv = tid < L ? s.dgam[tid] : 0.f;
+    dgv = chunk_scan(dgv, &s.carry, true);
     if (tid < L) {
       const int64_t t = cr.t0 + tid;
       float db = s.dbet[tid];
@@ -317,7 +322,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
         db *= (f.beta_activation == FLASHQLA_BETA_SIGMOID_X2 ? 2.f : 1.f) * sg * (1.f - sg);
       }
       store_float(a.dbeta, a.dbeta_dtype, cr.row * a.dbeta_sb + t * a.dbeta_st + hv, db);
-      store_float(a.dg, a.dg_dtype, cr.row * a.dg_sb + t * a.dg_st + hv, s.dgam[tid]);
+      store_float(a.dg, a.dg_dtype, cr.row * a.dg_sb + t * a.dg_st + hv, dgv);
     }
     warp_gemm<1, 8, false, false>(dq, dqk, k, m0, n1, kChunk);
     warp_gemm<1, 8, true, false>(dk, dqk, q, m0, n1, kChunk);
@@ -328,13 +333,19 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
   // The l2norm backward (dx = r (dy − y (y · dy)), y = x r, from the raw rows),
   // then dq and dk rows < L.
   const int g = (tid % 32) / 4;
-  auto finish = [&](float(&d)[1][8][4], const void* raw, int64_t base, int64_t st_tok, void* out, int64_t ob,
-                    int64_t ost, int64_t osh, flashqla_dtype_t odt) {
-    auto raw_pair = [&](int r, int c) {
-      return r < L ? Mma::unpack(*reinterpret_cast<const uint32_t*>(static_cast<const bf16*>(raw) + base +
-                                                                    r * st_tok + c))
-                   : make_float2(0.f, 0.f);
-    };
+  // The raw q and k rows, into the (now free) state tiles' memory.
+  const Tile raw_q{s.s, kLdWide}, raw_k{s.ds, kLdWide};
+  static_assert(sizeof(GradsSmem::s) >= sizeof(bf16) * kChunk * kLdWide, "a state tile holds 64 raw rows");
+  if (f.use_qk_l2norm) {
+    load_rows<kThreads, kDim>(raw_q, static_cast<const bf16*>(f.q) + cr.row * f.q_sb + cr.t0 * f.q_st + h * f.q_sh,
+                              f.q_st, L);
+    load_rows<kThreads, kDim>(raw_k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + h * f.k_sh,
+                              f.k_st, L);
+    wait_async_copies();
+    __syncthreads();
+  }
+  auto finish = [&](float(&d)[1][8][4], const Tile& raw, void* out, int64_t ob, int64_t ost, int64_t osh,
+                    flashqla_dtype_t odt) {
     if (f.use_qk_l2norm) {
       for (int i = tid; i < 2 * kChunk; i += kThreads) {
         (&s.row_sq[0][0])[i] = 0.f;
@@ -342,10 +353,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       }
       __syncthreads();
       float sq_lo = 0.f, sq_hi = 0.f, dot_lo = 0.f, dot_hi = 0.f;
-      for_each_pair(d, m0, n1, [&](int r, int c, float& x0, float& x1) {
-        const float2 xv = raw_pair(r, c);
+      for_each_pair_at(d, m0, n1, [&](int, int, int hh, int r, int c, float& x0, float& x1) {
+        const float2 xv = Mma::unpack(*reinterpret_cast<const uint32_t*>(raw.at(r, c)));
         const float sq = xv.x * xv.x + xv.y * xv.y, dot = xv.x * x0 + xv.y * x1;
-        if (r - m0 < 8) {
+        if (hh == 0) {
           sq_lo += sq;
           dot_lo += dot;
         } else {
@@ -359,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       add_row(s.row_dot, part, m0 + g + 8, dot_hi);
       __syncthreads();
       for_each_pair(d, m0, n1, [&](int r, int c, float& x0, float& x1) {
-        const float2 xv = raw_pair(r, c);
+        const float2 xv = Mma::unpack(*reinterpret_cast<const uint32_t*>(raw.at(r, c)));
         const float rs = rsqrtf(s.row_sq[0][r] + s.row_sq[1][r] + 1e-6f);
         const float ydy = rs * (s.row_dot[0][r] + s.row_dot[1][r]);  // y · dy
         x0 = rs * (x0 - xv.x * rs * ydy);
@@ -375,8 +386,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       }
     });
   };
-  finish(dq, f.q, cr.row * f.q_sb + cr.t0 * f.q_st + h * f.q_sh, f.q_st, a.dq, a.dq_sb, a.dq_st, a.dq_sh, a.dq_dtype);
-  finish(dk, f.k, cr.row * f.k_sb + cr.t0 * f.k_st + h * f.k_sh, f.k_st, a.dk, a.dk_sb, a.dk_st, a.dk_sh, a.dk_dtype);
+  finish(dq, raw_q, a.dq, a.dq_sb, a.dq_st, a.dq_sh, a.dq_dtype);
+  finish(dk, raw_k, a.dk, a.dk_sb, a.dk_st, a.dk_sh, a.dk_dtype);
 }
 
 }  // namespace

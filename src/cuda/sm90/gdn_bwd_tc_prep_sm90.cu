@@ -22,8 +22,48 @@ struct PrepSmem {
       dos[kChunk * kLdWide];
   bf16 mb[kChunk * kLdHalf], p[kChunk * kLdHalf];
   float a[kChunk][kChunk + 1], minv[kChunk][kChunk + 1];
-  float gamma[kChunk], beta[kChunk], eg[kChunk];
+  float t[kChunk][kChunk + 1];  // the blocked inverse's products
+  float gamma[kChunk], beta[kChunk], eg[kChunk], carry;
 };
+
+// M = (I + A)⁻¹ for A strictly lower (64x64 fp32; M holds the identity on
+// entry), by 16x16 blocks: the four diagonal blocks by forward substitution
+// (warp b block b, a lane a column), then the blocks below the diagonal by
+// distance d = 1, 2, 3:  M_ij = −M_ii Σ_{j ≤ k < i} A_ik M_kj  (j = i − d).
+__device__ void invert_unit_lower(float (&a)[kChunk][kChunk + 1], float (&m)[kChunk][kChunk + 1],
+                                  float (&t)[kChunk][kChunk + 1]) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (warp < 4) {
+    const int o = 16 * warp, c = lane % 16, part = lane / 16;
+    for (int r = 1; r < 16; ++r) {
+      float x = 0.f;
+      if (c < r) {
+        for (int k = c + part; k < r; k += 2) x += a[o + r][o + k] * m[o + k][o + c];
+      }
+      x += __shfl_xor_sync(0xffffffffu, x, 16);
+      if (c < r && part == 0) m[o + r][o + c] = -x;
+      __syncwarp();
+    }
+  }
+  __syncthreads();
+  for (int d = 1; d < 4; ++d) {
+    const int blocks = 4 - d;  // (i, j) = (d + b, b)
+    for (int e = tid; e < blocks * 256; e += kThreads) {
+      const int b = e / 256, r = (e % 256) / 16, c = e % 16, i = d + b, j = b;
+      float x = 0.f;
+      for (int k = 16 * j; k < 16 * i; ++k) x += a[16 * i + r][k] * m[k][16 * j + c];
+      t[16 * i + r][16 * j + c] = x;
+    }
+    __syncthreads();
+    for (int e = tid; e < blocks * 256; e += kThreads) {
+      const int b = e / 256, r = (e % 256) / 16, c = e % 16, i = d + b, j = b;
+      float x = 0.f;
+      for (int k = 0; k <= r; ++k) x += m[16 * i + r][16 * i + k] * t[16 * i + k][16 * j + c];
+      m[16 * i + r][16 * j + c] = -x;
+    }
+    __syncthreads();
+  }
+}
 
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_prep_kernel(const BackwardArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -43,19 +83,19 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_prep_kernel(const Back
   load_rows<kThreads, kDim>(dos,
                             static_cast<const bf16*>(a.d_o) + cr.row * a.do_sb + cr.t0 * a.do_st + hv * a.do_sh,
                             a.do_st, L);
+  float g = 0.f;
   if (tid < kChunk) {
     const bool in = tid < L;
     const int64_t t = cr.t0 + tid;
-    s.gamma[tid] = in ? load_float(f.g, f.g_dtype, cr.row * f.g_sb + t * f.g_st + hv) : 0.f;
+    g = in ? load_float(f.g, f.g_dtype, cr.row * f.g_sb + t * f.g_st + hv) : 0.f;
     s.beta[tid] = in ? activate_beta(load_float(f.beta, f.beta_dtype, cr.row * f.beta_sb + t * f.beta_st + hv),
                                      f.beta_activation)
                      : 0.f;
   }
+  g = chunk_scan(g, &s.carry, false);  // γ; padded rows repeat the last value
+  if (tid < kChunk) s.gamma[tid] = g;
+  wait_async_copies();
   __syncthreads();
-  if (tid == 0) {  // inclusive cumsum; padded rows repeat the last value
-    float acc = 0.f;
-    for (int r = 0; r < kChunk; ++r) s.gamma[r] = (acc += r < L ? s.gamma[r] : 0.f);
-  }
   scale_rows<kThreads>(q, L, f.use_qk_l2norm, [](int) { return 1.f; });
   scale_rows<kThreads>(k, L, f.use_qk_l2norm, [](int) { return 1.f; });
   __syncthreads();
@@ -93,19 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_prep_kernel(const Back
   }
   for (int i = tid; i < kChunk * kChunk; i += kThreads) s.minv[i / kChunk][i % kChunk] = i / kChunk == i % kChunk;
   __syncthreads();
-  // M = (I + A)⁻¹ by rows: M[r][c] = −Σ_{c ≤ m < r} A[r][m] M[m][c] (64 columns × 4 partial sums).
-  {
-    const int c = tid / 4, part = tid % 4;
-    for (int r = 1; r < L; ++r) {
-      float x = 0.f;
-      if (c < r) {
-        for (int m = c + part; m < r; m += 4) x += s.a[r][m] * s.minv[m][c];
-      }
-      x = quad_sum(x);
-      if (c < r && part == 0) s.minv[r][c] = -x;
-      __syncthreads();
-    }
-  }
+  invert_unit_lower(s.a, s.minv, s.t);
   for (int i = tid; i < kChunk * kChunk / 2; i += kThreads) {
     const int r = i / (kChunk / 2), c = 2 * (i % (kChunk / 2));
     const float x0 = s.minv[r][c], x1 = s.minv[r][c + 1];

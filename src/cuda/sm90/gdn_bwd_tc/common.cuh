@@ -73,17 +73,48 @@ __device__ __forceinline__ ChunkRef chunk_of_slot(const ForwardArgs& f, int64_t 
   return r;
 }
 
-// Rows [0, kRows) of kCols bf16 columns from global memory (row r at src + r *
-// stride, 16-byte aligned) into a tile; rows >= L are zero.
+// 16 bytes global -> shared without registers (cp.async); src_bytes 0 writes
+// zeros (the source address is not read).
+__device__ __forceinline__ void copy_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(mma::smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Starts copying rows [0, kRows) of kCols bf16 columns (row r at src + r *
+// stride, 16-byte aligned) into a tile; rows >= L become zero. Complete after
+// wait_async_copies() and a barrier.
 template <int kThreads, int kCols, int kRows = kChunk>
 __device__ __forceinline__ void load_rows(const Tile& dst, const bf16* src, int64_t stride, int L) {
   constexpr int kVecs = kCols / 8;
   for (int i = threadIdx.x; i < kRows * kVecs; i += kThreads) {
     const int r = i / kVecs, v = i % kVecs;
-    uint4 x = make_uint4(0u, 0u, 0u, 0u);
-    if (r < L) x = *reinterpret_cast<const uint4*>(src + r * stride + v * 8);
-    *reinterpret_cast<uint4*>(dst.at(r, v * 8)) = x;
+    copy_async_16(dst.at(r, v * 8), r < L ? src + r * stride + v * 8 : src, r < L);
   }
+}
+
+// Two adjacent bf16 of global memory as floats, through the read-only path.
+__device__ __forceinline__ float2 load_pair(const bf16* p) {
+  return Mma::unpack(__ldg(reinterpret_cast<const unsigned int*>(p)));
+}
+
+// Inclusive prefix sum of x over the 64 threads 0..63 (two warps; part of a
+// CTA-wide step: every thread of the CTA calls it). reverse: suffix sums.
+__device__ __forceinline__ float chunk_scan(float x, float* carry, bool reverse) {
+  const int tid = threadIdx.x, lane = tid % 32;
+  if (tid < kChunk) {
+    for (int off = 1; off < 32; off *= 2) {
+      const float y = reverse ? __shfl_down_sync(0xffffffffu, x, off) : __shfl_up_sync(0xffffffffu, x, off);
+      if (reverse ? lane + off < 32 : lane >= off) x += y;
+    }
+    // The warp that comes first in scan order hands its total to the other.
+    if (tid == (reverse ? 32 : 31)) *carry = x;
+  }
+  __syncthreads();
+  if (tid < kChunk && (reverse ? tid < 32 : tid >= 32)) x += *carry;
+  __syncthreads();
+  return x;
 }
 
 // Rows [0, 64) of a 128-column bf16 tile, in place: each row r < L times
@@ -116,6 +147,9 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const Tile& A
                                           int kdim) {
   static_assert(NT % 2 == 0, "n-tiles come in pairs");
   const int lane = threadIdx.x % 32;
+  // Two reduction steps in flight: fully unrolled, the fragment loads of every
+  // step are hoisted and a 64 x 128 warp tile runs out of registers.
+#pragma unroll 2
   for (int k0 = 0; k0 < kdim; k0 += 16) {
     uint32_t a[MT][4];
 #pragma unroll
@@ -166,6 +200,22 @@ __device__ __forceinline__ void for_each_pair(float (&acc)[MT][NT][4], int m0, i
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         f(m0 + 16 * mt + g + 8 * half, n0 + 8 * nt + 2 * t, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+      }
+}
+
+// As for_each_pair, also passing the pair's fragment indices (compile-time
+// after unrolling): f(mt, nt, half, row, column, value, value of column + 1).
+template <int MT, int NT, typename F>
+__device__ __forceinline__ void for_each_pair_at(float (&acc)[MT][NT][4], int m0, int n0, F f) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        f(mt, nt, half, m0 + 16 * mt + g + 8 * half, n0 + 8 * nt + 2 * t, acc[mt][nt][2 * half],
+          acc[mt][nt][2 * half + 1]);
       }
 }
 
