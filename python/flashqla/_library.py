@@ -38,11 +38,12 @@ load()
 
 # What the CUDA backend of this version computes. The forward runs on every
 # supported shape (the fused sm_90a kernel where it covers the call, the simple
-# one elsewhere: flashqla.kernel_choice() tells which, and why); the backward is
-# not there yet, so CUDA inputs that require gradients are refused with
-# NotImplementedError. Nothing is ever computed on the CPU for CUDA tensors.
+# one elsewhere: flashqla.kernel_choice() tells which, and why); so does the
+# backward (torch.ops.flashqla.gdn_bwd on CUDA tensors: it recomputes the states
+# from the inputs and takes every option the forward takes), so autograd works on
+# CUDA. Nothing is ever computed on the CPU for CUDA tensors.
 CUDA_FORWARD_AVAILABLE = True
-CUDA_BACKWARD_AVAILABLE = False
+CUDA_BACKWARD_AVAILABLE = True
 # Whether the FLA backend may take CUDA calls at all: flashqla's forward beats
 # FLA's own kernels on every published shape in the same run (v3.9,
 # benchmarks/results/h200.csv; docs/perf.md). Even then it takes only the calls
@@ -56,3 +57,10 @@ CUDA_FORWARD_BEATS_FLA = True
 # most (the smallest of the published table): 397B TP8 1x2048 1.10x FLA, TP4 1x2048
 # 1.17x, TP8 1024x8 2.31x (docs/perf.md).
 CUDA_FUSED_GATE_BEATS_FLA = True
+# Whether the FLA backend also takes training calls on CUDA (inputs that require
+# gradients, under grad mode: FLA's autograd then runs flashqla's backward as well).
+# The FLA backend takes training calls on CUDA only when this is True; it is False
+# until the measured backward beats FLA's on the published rows
+# (benchmarks/anchors/flashqla_h200_bwd.csv, FLA timed in the same run). Until then
+# FLA keeps training calls, and flashqla takes the inference calls the flags above allow.
+CUDA_BACKWARD_BEATS_FLA = False

@@ -69,7 +69,7 @@ def _split(own_names: list[str], bound: dict[str, Any]) -> tuple[dict[str, Any],
 
 
 def _cuda_refusal(choose: Callable[[], _gdr.KernelChoice], use_gate_in_kernel: bool,
-                  capability: tuple[int, int]) -> str | None:
+                  capability: tuple[int, int], *, training: bool) -> str | None:
     """Why FLA's dispatch keeps a CUDA call that flashqla could compute (None: flashqla
     takes it). Policy only: which kernel runs the call, and how, is the core's answer
     (``choose()``: the C API's kernel choice for the call, ``flashqla.kernel_choice``),
@@ -82,12 +82,19 @@ def _cuda_refusal(choose: Callable[[], _gdr.KernelChoice], use_gate_in_kernel: b
     calls whose sequence-piece plan rests on lengths the host does not know (packed
     sequences without ``cu_seqlens_cpu``, few chains: the plan takes the lengths as
     equal, and on uneven pairs at 24 heads that was slower than FLA,
-    ``bench_fwd.py --no-host-lengths``, docs/perf.md)."""
+    ``bench_fwd.py --no-host-lengths``, docs/perf.md). Training calls (``training``:
+    inputs that require gradients, under grad mode, so the backward runs too) stay with
+    FLA until flashqla's backward is measured faster than FLA's
+    (``_library.CUDA_BACKWARD_BEATS_FLA``)."""
     if not _library.CUDA_FORWARD_BEATS_FLA:
         return ("its sm_90a forward is not yet faster than FLA's own kernels on every published shape "
                 "(see flashqla's docs/perf.md)")
     if tuple(capability) != (9, 0):
         return f"its CUDA kernels are for sm_90 (H100/H200); this GPU is sm_{capability[0]}{capability[1]}"
+    if training and not _library.CUDA_BACKWARD_BEATS_FLA:
+        return ("these inputs require gradients and its sm_90a backward is not yet faster than FLA's on every "
+                "published shape, so FLA keeps training calls (under torch.no_grad() the same call goes to "
+                "flashqla; flashqla.chunk_gated_delta_rule, called directly, trains on CUDA)")
     choice = choose()
     if choice.kernel != "sm90_fused":
         return (f"its fast kernel does not run this call ({choice.reason}); FLA is faster than its "
@@ -98,6 +105,12 @@ def _cuda_refusal(choose: Callable[[], _gdr.KernelChoice], use_gate_in_kernel: b
         return ("without cu_seqlens_cpu it plans sequence pieces for these packed sequences as if their lengths "
                 "were equal; pass cu_seqlens_cpu (a CPU copy of cu_seqlens)")
     return None
+
+
+def _is_training_call(c: _gdr._Call, rest: dict[str, Any]) -> bool:
+    """Whether autograd records the call (grad mode on and a differentiable input, the
+    fused gate's A_log and dt_bias included, requires grad): its backward will run."""
+    return _gdr._records_grad(c.q, c.k, c.v, c.g, c.beta, c.initial_state, rest.get("A_log"), rest.get("dt_bias"))
 
 
 class _Dispatch(NamedTuple):
@@ -175,7 +188,8 @@ def _make_backend(BaseBackend):
                     if c.q.is_cuda:
                         refusal = _cuda_refusal(lambda: _gdr._kernel_choice(c),
                                                 bool(rest.get("use_gate_in_kernel", False)),
-                                                torch.cuda.get_device_capability(c.q.device))
+                                                torch.cuda.get_device_capability(c.q.device),
+                                                training=_is_training_call(c, rest))
                     else:
                         _gdr._kernel_choice(c)
                         refusal = None

@@ -152,12 +152,9 @@ def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     if q.is_cuda:
         if not _library.CUDA_FORWARD_AVAILABLE:
             raise NotImplementedError("flashqla: the sm_90a forward kernel is not part of this version")
-        differentiable = (q, k, v, g, beta, initial_state, A_log, dt_bias)
-        if (not _library.CUDA_BACKWARD_AVAILABLE and torch.is_grad_enabled()
-                and any(isinstance(x, torch.Tensor) and x.requires_grad for x in differentiable)):
-            raise NotImplementedError("flashqla: the sm_90a backward kernel is not part of this version yet, and "
-                                      "these CUDA inputs require gradients; run under torch.no_grad() or "
-                                      "use CPU tensors")
+        if not _library.CUDA_BACKWARD_AVAILABLE and _records_grad(q, k, v, g, beta, initial_state, A_log, dt_bias):
+            raise NotImplementedError("flashqla: this build has no sm_90a backward kernel, and these CUDA inputs "
+                                      "require gradients; run under torch.no_grad() or use CPU tensors")
 
     if use_gate_in_kernel:
         for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
@@ -171,6 +168,12 @@ def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     return _Call(q, k, v, g, beta, float(scale), initial_state, bool(output_final_state), bool(state_v_first),
                  bool(use_qk_l2norm_in_kernel), _beta_activation(use_beta_sigmoid_in_kernel, allow_neg_eigval),
                  cu_seqlens, cu_seqlens_cpu)
+
+
+def _records_grad(*inputs) -> bool:
+    """Whether autograd records a call on these inputs (grad mode on and one of the
+    tensors among them requires grad): a training call, whose backward will run."""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in inputs)
 
 
 def _check_token_tensors(q, k, v) -> None:

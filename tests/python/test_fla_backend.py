@@ -1,6 +1,7 @@
 """flashqla as a backend of flash-linear-attention's dispatch: registration and its
 priority, FLA's entry point really running flashqla (forward and backward, every
-calling convention and FLA's fused-gate kwargs), the verifier's refusals, and the
+calling convention and FLA's fused-gate kwargs), the verifier's refusals (on CUDA, the
+policy over what is measured faster than FLA, training calls included), and the
 switches (FLA_FLASHQLA=0, FLASHQLA_FLA_BACKEND=0). The same tests pass with FLA 0.5.x
 (dispatch in ``fla.ops.backends``) and 0.6.x (``fla.backends``): the suite runs once
 with each (scripts/lib/python_env.sh). On a GPU, FLA's function and FLA's
@@ -361,7 +362,7 @@ def _choice(kernel="sm90_fused", reason="", pieces="none", lengths_guessed=False
     return flashqla.KernelChoice(kernel, pieces, 0 if pieces == "none" else 8, lengths_guessed, 0, reason)
 
 
-def _refusal(choice=None, use_gate_in_kernel=False, capability=(9, 0)):
+def _refusal(choice=None, use_gate_in_kernel=False, capability=(9, 0), training=False):
     """_cuda_refusal over a given kernel choice; also returns how often it asked for it."""
     asked = []
 
@@ -369,7 +370,7 @@ def _refusal(choice=None, use_gate_in_kernel=False, capability=(9, 0)):
         asked.append(True)
         return _choice() if choice is None else choice
 
-    return flashqla.fla_backend._cuda_refusal(choose, use_gate_in_kernel, capability), len(asked)
+    return flashqla.fla_backend._cuda_refusal(choose, use_gate_in_kernel, capability, training=training), len(asked)
 
 
 @pytest.fixture
@@ -417,6 +418,57 @@ def test_cuda_declined_while_not_faster(monkeypatch):
     monkeypatch.setattr(flashqla._library, "CUDA_FORWARD_BEATS_FLA", False)
     refusal, asked = _refusal()
     assert "not yet faster" in refusal and asked == 0
+
+
+def test_cuda_training_calls_stay_with_fla_until_the_backward_is_faster(beats_fla, monkeypatch):
+    """Calls whose backward will run (inputs that require gradients, under grad mode) go
+    to flashqla only once its backward is measured faster than FLA's; inference calls
+    are not affected by that flag."""
+    monkeypatch.setattr(flashqla._library, "CUDA_BACKWARD_BEATS_FLA", False)
+    refusal, asked = _refusal(training=True)
+    assert "require gradients" in refusal and "backward is not yet faster" in refusal
+    assert asked == 0  # declined by policy before the core is asked
+    assert _refusal(training=False) == (None, 1)
+    assert "sm_90" in _refusal(training=True, capability=(8, 0))[0]
+
+    monkeypatch.setattr(flashqla._library, "CUDA_BACKWARD_BEATS_FLA", True)
+    assert _refusal(training=True) == (None, 1)
+    assert _refusal(training=False) == (None, 1)
+    # the forward's rules still hold for training calls
+    assert "sm90_simple" in _refusal(_choice(kernel="sm90_simple", reason="K = 64"), training=True)[0]
+    assert "cu_seqlens_cpu" in _refusal(_choice(lengths_guessed=True), training=True)[0]
+
+
+def _prepared(requires_grad=()):
+    """The call the verifier prepares (gate unresolved) and its extra keywords, with the
+    named inputs requiring gradients."""
+    x = _inputs()
+    rest = dict(use_gate_in_kernel=True, A_log=torch.zeros(2), dt_bias=torch.zeros(2))
+    for name in requires_grad:
+        (rest if name in rest else x)[name].requires_grad_(True)
+    c = gdr_module._prepare(x["q"], x["k"], x["v"], x["g"], x["beta"], None, x["initial_state"], False, False,
+                            False, False, False, None, None, None, None, rest, resolve_gate=False)
+    return c, rest
+
+
+@pytest.mark.parametrize("name", ["q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias"])
+def test_training_call_is_any_differentiable_input_under_grad_mode(name):
+    is_training = flashqla.fla_backend._is_training_call
+    assert is_training(*_prepared()) is False
+    c, rest = _prepared(requires_grad=[name])
+    assert is_training(c, rest) is True
+    with torch.no_grad():
+        assert is_training(c, rest) is False
+    with torch.inference_mode():
+        assert is_training(c, rest) is False
+
+
+@pytest.mark.parametrize("beats", [False, True])
+def test_verifier_takes_cpu_training_calls(beats, monkeypatch):
+    """The policy is for CUDA: on the CPU flashqla computes every call FLA hands it,
+    training calls included, whatever the flag."""
+    monkeypatch.setattr(flashqla._library, "CUDA_BACKWARD_BEATS_FLA", beats)
+    assert _verify(**_inputs(requires_grad=True), output_final_state=True) == (True, None)
 
 
 def test_refusal_copies_no_support_rule():
@@ -525,6 +577,40 @@ def test_fla_entry_runs_flashqla_on_cuda(calls, monkeypatch):
     ref_o, ref_ht = flashqla.chunk_gated_delta_rule(**cpu, output_final_state=True)
     for ours, theirs, ref in ((o, fo, ref_o), (ht, fht, ref_ht)):
         assert rel_error(ours, ref) <= max(1.05 * rel_error(theirs, ref), 5e-3)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_fla_entry_training_calls_on_cuda_follow_the_backward_policy(calls, monkeypatch):
+    """CUDA calls whose backward will run reach flashqla through FLA's dispatch only while
+    CUDA_BACKWARD_BEATS_FLA is on (the same call under no_grad always does); then FLA's
+    autograd runs flashqla's CUDA backward, with the direct call's gradients."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the FLA backend takes CUDA calls on sm_90 only")
+    monkeypatch.setattr(flashqla._library, "CUDA_FORWARD_BEATS_FLA", True)
+    x = make_inputs(T=200, H=2, HV=4, K=128, V=128, dtype=torch.bfloat16, device="cuda", seed=3, requires_grad=True)
+
+    monkeypatch.setattr(flashqla._library, "CUDA_BACKWARD_BEATS_FLA", False)
+    ok, reason = backend().verify("chunk_gated_delta_rule", **x, output_final_state=True)
+    assert ok is False and "require gradients" in reason
+    with torch.no_grad():
+        assert backend().verify("chunk_gated_delta_rule", **x, output_final_state=True) == (True, None)
+
+    monkeypatch.setattr(flashqla._library, "CUDA_BACKWARD_BEATS_FLA", True)
+    assert backend().verify("chunk_gated_delta_rule", **x, output_final_state=True) == (True, None)
+    gen = torch.Generator().manual_seed(4)
+    w_o = torch.randn(1, 200, 4, 128, generator=gen).to("cuda", torch.bfloat16)
+    w_h = torch.randn(1, 4, 128, 128, generator=gen).cuda()
+
+    def run(fn):
+        o, ht = fn(**x, output_final_state=True)
+        grads = torch.autograd.grad((o.float() * w_o).sum() + (ht * w_h).sum(), list(x.values()))
+        return [o.detach(), ht.detach(), *grads]
+
+    through_fla = run(fla_chunk_gated_delta_rule)
+    assert len(calls) == 1
+    for name, a, b in zip(["o", "ht", *x], through_fla, run(direct)):
+        assert a.is_cuda and torch.equal(a, b), name
 
 
 @pytest.mark.gpu

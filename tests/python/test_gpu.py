@@ -1,8 +1,9 @@
 """CUDA tensors. These run wherever CUDA exists (marked ``gpu``; skipped only on
 machines without a GPU). The forward is checked against the fp64 oracle (flashqla's
 CPU backend on the same inputs, upcast) and against FLA's error on the same inputs;
-CUDA graph capture must stay correct when ``cu_seqlens`` contents change; what is not
-implemented on CUDA yet (the backward) is refused clearly, never run on the CPU."""
+CUDA graph capture must stay correct when ``cu_seqlens`` contents change; inputs that
+require gradients run the CUDA backward, never anything on the CPU (its gradients are
+checked in test_gpu_backward.py)."""
 
 from __future__ import annotations
 
@@ -188,21 +189,35 @@ def test_cuda_graph_replay_with_sequence_pieces(monkeypatch, mode):
     _check_graph_replay(HV=2, cu_variants=([0, 1024, 1024, 1024], [0, 1, 2, 1024], [0, 512, 512, 1024]))
 
 
-def test_inputs_requiring_grad_are_refused_until_the_backward_exists():
+def test_inputs_requiring_grad_run_the_cuda_backward():
+    """Autograd on CUDA inputs: the forward records the op and the backward runs on the
+    GPU (gradients on the inputs' device, in their dtypes, finite)."""
     x = make_inputs(T=64, H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-    with pytest.raises(NotImplementedError, match="backward kernel"):
-        flashqla.chunk_gated_delta_rule(**x)
+    o, ht = flashqla.chunk_gated_delta_rule(**x, output_final_state=True)
+    assert o.requires_grad and ht.requires_grad
+    (o.float().sum() + ht.sum()).backward()
+    for name, t in x.items():
+        assert t.grad is not None and t.grad.is_cuda, name
+        assert t.grad.shape == t.shape and t.grad.dtype == t.dtype, name
+        assert torch.isfinite(t.grad).all(), name
     with torch.no_grad():
-        o, _ = flashqla.chunk_gated_delta_rule(**x)
-    assert o.is_cuda
+        o2, _ = flashqla.chunk_gated_delta_rule(**x)
+    assert o2.is_cuda and not o2.requires_grad and torch.equal(o2, o.detach())
 
 
-def test_low_level_backward_reports_missing_kernel():
-    x = make_inputs(T=64, H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, device="cuda")
+@pytest.mark.parametrize("h0", [True, False], ids=["h0", "no_h0"])
+def test_low_level_backward_runs_on_cuda(h0):
+    x = make_inputs(T=64, H=1, HV=2, K=128, V=128, dtype=torch.bfloat16, device="cuda", h0=h0)
     do = torch.randn(1, 64, 2, 128, device="cuda", dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="sm_90a GDN backward kernel is not part of this version"):
-        flashqla.chunk_gated_delta_rule_bwd(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.1, x["initial_state"], do,
-                                            None)
+    grads = flashqla.chunk_gated_delta_rule_bwd(x["q"], x["k"], x["v"], x["g"], x["beta"], 0.1, x["initial_state"], do,
+                                                None)
+    for grad, name in zip(grads[:5], ("q", "k", "v", "g", "beta")):
+        assert grad.is_cuda and grad.shape == x[name].shape and grad.dtype == x[name].dtype, name
+        assert torch.isfinite(grad).all(), name
+    if h0:
+        assert grads[5].is_cuda and grads[5].dtype == torch.float32 and grads[5].shape == x["initial_state"].shape
+    else:
+        assert grads[5] is None
 
 
 def test_mixed_devices_are_rejected():

@@ -51,12 +51,13 @@ CASES = {
 }
 
 
-def _inputs(case: dict, dtype: torch.dtype, requires_grad: bool, seed: int = 0):
-    """The op's positional arguments up to cu_seqlens_cpu, as a list."""
+def _inputs(case: dict, dtype: torch.dtype, requires_grad: bool, seed: int = 0, device: str = "cpu"):
+    """The op's positional arguments up to cu_seqlens_cpu, as a list (on ``device``; the
+    CPU copy of cu_seqlens on the CPU)."""
     cu = case.get("cu")
     x = make_inputs(B=B, T=T, H=H, HV=HV, K=K, V=V, dtype=dtype, cu_seqlens=cu, h0=case.get("h0", False),
                     state_v_first=case.get("v_first", False), normalize_qk=not case.get("l2norm", False),
-                    beta_logits=case.get("beta_act", 0) != 0, seed=seed)
+                    beta_logits=case.get("beta_act", 0) != 0, seed=seed, device=device)
     q, k, v, g, beta, h0 = x["q"], x["k"], x["v"], x["g"], x["beta"], x["initial_state"]
     if case.get("gate_dtype_like_q"):
         g, beta = g.to(dtype), beta.to(dtype)
@@ -86,9 +87,9 @@ def _inputs(case: dict, dtype: torch.dtype, requires_grad: bool, seed: int = 0):
         h0.requires_grad_(True)
     cu_seqlens = cu_cpu = None
     if cu is not None:
-        cu_seqlens = torch.tensor(cu, dtype=case["cu_dtype"])
+        cu_seqlens = torch.tensor(cu, dtype=case["cu_dtype"], device=device)
         if case.get("cu_cpu"):
-            cu_cpu = cu_seqlens.clone()
+            cu_cpu = torch.tensor(cu, dtype=case["cu_dtype"])
     return [q, k, v, g, beta, K ** -0.5, h0, cu_seqlens, cu_cpu]
 
 

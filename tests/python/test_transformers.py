@@ -15,9 +15,9 @@ so flashqla — ignores. Each test binds those names to the kernel it studies:
   fp64, flashqla's about 1e-7, so fp32 runs are judged against fp64);
 - ``transformers``: transformers' own torch code, the reference for bf16 runs.
 
-CPU (CI): forward, generate and a training step. GPU: forward and generate (the sm_90a
-backward is not there yet). Through FLA's dispatch: the module's names as transformers
-bound them; flashqla must be what ran (counted).
+CPU (CI): forward, generate and a training step. GPU: forward and generate (the CUDA
+backward is checked in test_gpu_backward.py). Through FLA's dispatch: the module's
+names as transformers bound them; flashqla must be what ran (counted).
 """
 
 from __future__ import annotations
