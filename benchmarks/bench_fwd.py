@@ -21,7 +21,9 @@ fuses the gate into its kernels, flashqla computes it in fp32 before its kernel.
 
 Writes a CSV (direction,model,seqlens,h_qk,h_v,flashqla_ms,fla_ms,...) and a JSON
 sidecar with the environment; prints a table with the speedups over FLA and the
-published best speedup (fla_ms / min(flash_qla_ms, flashinfer_ms)) per row.
+published best speedup (fla_ms / min(flash_qla_ms, flashinfer_ms)) per row. The run's
+rows replace the file's forward rows; the backward's (bench_bwd.py) are kept
+(results_table.py).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import json
 import math
 import os
 import re
@@ -44,6 +45,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import flashqla  # noqa: E402
+from results_table import ResultsTable  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ANCHORS = HERE / "anchors" / "flashqla_h200_fwd.csv"
@@ -219,12 +221,14 @@ def main(argv=None):
     env["fused_gate"] = args.fused_gate
     env["rows_planned"], env["rows_measured"] = len(rows), 0
 
+    # The card's file may also hold the backward's rows (bench_bwd.py): they are kept, and a
+    # new file elsewhere starts from the committed one of its name (results_table.py).
+    table = ResultsTable(args.out, "fwd", keep_unmeasured=False, base=HERE / "results" / args.out.name)
+
     def write_sidecar():  # after every row too, so a run cut short says so
-        args.out.with_suffix(".json").write_text(json.dumps(env, indent=2) + "\n")
+        table.write_sidecar(env)
 
     write_sidecar()
-    out = args.out.open("w", newline="")
-    writer = None
     for r in rows:
         seqlens, h_qk, h_v = parse_seqlens(r["seqlens"]), int(r["h_qk"]), int(r["h_v"])
         x = make_inputs(seqlens, h_qk, h_v, fused_gate=args.fused_gate)
@@ -247,11 +251,7 @@ def main(argv=None):
             "flashqla_tflops": f"{chunks * FLOP_PER_CHUNK_HEAD / ours_ms / 1e9:.1f}",
             "rel_diff_vs_fla": f"{diff:.2e}", "timing": f"{ours_method}/{fla_method}",
         })
-        if writer is None:  # rows are written as they come, so an interrupted run keeps what it measured
-            writer = csv.DictWriter(out, fieldnames=list(results[-1]))
-            writer.writeheader()
-        writer.writerow(results[-1])
-        out.flush()
+        table.add(results[-1])  # rows are written as they come, so an interrupted run keeps what it measured
         env["rows_measured"] = len(results)
         write_sidecar()
         print(f"{r['model']:>16} {r['seqlens']:>13} H={h_qk:<2} HV={h_v:<3} flashqla {ours_ms:8.3f} ms  "
@@ -259,7 +259,6 @@ def main(argv=None):
               f"diff {diff:.1e}", flush=True)
         del x, o, ht
 
-    out.close()
     env["chunk_latency_us"] = round(chunk_latency_us(flush, args.reps), 3)
     write_sidecar()
 

@@ -31,6 +31,15 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       h200.csv / h200.json named by the card (h100.* on an H100) and FLA's Triton
       cache as triton-cache.tar.xz.part-*. BENCH_TIME_LIMIT=S stops the benchmark
       after S seconds, keeping the rows measured. Default $OUT: benchmarks/results.
+  bench-bwd [ROWS-REGEX]
+      As bench, for the backward: benchmarks/bench_bwd.py over the 32 published
+      backward rows (those matching ROWS-REGEX on "model,seqlens", e.g.
+      'hk16_hv32,'): flashqla's backward, FLA's, a training step of each, and
+      flashqla's training forward over its inference forward. Its rows
+      (direction=bwd) go into h200.csv / h100.csv beside the forward's (kept), its
+      environment into the sidecar's "bwd" key, its plot into h200_bwd.png
+      (h100_bwd.png). BENCH_TIME_LIMIT=S as for bench (the rows measured are
+      plotted). Default $OUT: benchmarks/results.
   full [--lean] [--require-h200] [--budget S] [ROWS-REGEX]
       check --quick, then (if it passed) bench; $OUT gets the benchmark's files,
       its log and the check's logs as check_logs.tar.gz. --lean, for short device
@@ -191,9 +200,13 @@ cmd_check() {
      && ${next_rc} -eq 0 && ${bench_rc} -eq 0 ]]
 }
 
-# --- bench -------------------------------------------------------------------
-cmd_bench() {
-  [[ $# -le 1 && "${1:-}" != -* ]] || { echo "usage: scripts/gpu.sh bench [ROWS-REGEX]"; exit 2; }
+# --- bench, bench-bwd ---------------------------------------------------------
+# run_benchmark <script> [ROWS-REGEX]: installs the carried wheels and the package,
+# runs the benchmark script over the published rows (under BENCH_TIME_LIMIT when
+# set) into $OUT, and saves FLA's Triton cache there; exits with its status.
+run_benchmark() {
+  local script=$1
+  shift
   local out="${OUT:-benchmarks/results}"
   mkdir -p "${out}"
   fq_install_wheels "${out}/pip-wheels.log" || { tail -n 20 "${out}/pip-wheels.log"; exit 1; }
@@ -201,10 +214,20 @@ cmd_bench() {
   fq_use_triton_cache
   local limit=()
   [[ -n "${BENCH_TIME_LIMIT:-}" ]] && limit=(timeout "${BENCH_TIME_LIMIT}")
-  "${limit[@]}" python3 benchmarks/bench_fwd.py --rows "${1:-}" --out-dir "${out}"
+  "${limit[@]}" python3 "${script}" --rows "${1:-}" --out-dir "${out}"
   local bench_rc=$?
   fq_save_triton_cache "${out}"
   exit "${bench_rc}"
+}
+
+cmd_bench() {
+  [[ $# -le 1 && "${1:-}" != -* ]] || { echo "usage: scripts/gpu.sh bench [ROWS-REGEX]"; exit 2; }
+  run_benchmark benchmarks/bench_fwd.py "$@"
+}
+
+cmd_bench_bwd() {
+  [[ $# -le 1 && "${1:-}" != -* ]] || { echo "usage: scripts/gpu.sh bench-bwd [ROWS-REGEX]"; exit 2; }
+  run_benchmark benchmarks/bench_bwd.py "$@"
 }
 
 # --- full --------------------------------------------------------------------
@@ -447,6 +470,7 @@ command=${1:-}
 case "${command}" in
   check) cmd_check "$@" ;;
   bench) cmd_bench "$@" ;;
+  bench-bwd) cmd_bench_bwd "$@" ;;
   full) cmd_full "$@" ;;
   iterate) cmd_iterate "$@" ;;
   compare) cmd_compare "$@" ;;
