@@ -5,6 +5,7 @@
 // checks results). scripts/gpu.sh iterate builds and runs it.
 //   backward_latency                 every shape
 //   backward_latency 0,2             only those
+// REPS=n timed calls a shape (3); L2NORM=0 without the in-kernel l2norm.
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
@@ -101,7 +102,7 @@ void run(const Shape& s, int reps) {
   f.initial_state_n = N;
   f.cu_seqlens = flashqla_tensor_t{cu_d, FLASHQLA_DTYPE_INT32, {1, 0, 0, 0}};
   f.cu_seqlens_host = cu.data();
-  f.use_qk_l2norm = 1;
+  f.use_qk_l2norm = std::getenv("L2NORM") == nullptr || std::atoi(std::getenv("L2NORM")) != 0;
   p.d_o = token_tensor(b.bf16(T * HV * D, 1.f, 7), FLASHQLA_DTYPE_BFLOAT16, T, HV, D);
   p.d_final_state = state_tensor(b.f32(N * HV * D * D, -0.5f, 0.5f, 8), HV);
   p.dq = token_tensor(b.alloc(T * H * D * 2), FLASHQLA_DTYPE_BFLOAT16, T, H, D);

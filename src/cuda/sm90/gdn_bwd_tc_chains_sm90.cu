@@ -5,7 +5,8 @@
 //   forward   S entering each chunk:  Vd = U0 − W S,
 //             S' = e^{γ_L} S + K̂ᵀ diag(e^{γ_L − γ}) Vd
 //   backward  dS leaving each chunk:  dVd = Z + diag(e^{γ_L − γ}) K̂ dS',
-//             dS = e^{γ_L} dS' + (diag(e^γ) Q̂)ᵀ (scale dO) − Wᵀ dVd
+//             dS = e^{γ_L} dS' + (scale diag(e^γ) Q̂)ᵀ dO − Wᵀ dVd
+//             (scale e^γ Q̂ as bf16 hi + lo: the term that dominates dS)
 // and the backward writes dS before the first chunk as d_initial_state.
 #include "cuda/sm90/gdn_bwd_tc_sm90.h"
 
@@ -22,10 +23,11 @@ constexpr int kLdVt = kVt + 8;    // 80-byte rows
 constexpr int kTiles = kDim / kVt;
 
 struct ChainSmem {
-  bf16 k[kChunk * kLdWide], x[kChunk * kLdWide], w[kChunk * kLdWide];
+  // x, xl: scale e^γ Q̂ as bf16 hi + lo (backward)
+  bf16 k[kChunk * kLdWide], x[kChunk * kLdWide], xl[kChunk * kLdWide], w[kChunk * kLdWide];
   bf16 st[kDim * kLdVt];     // the state slice in bf16: the B operand of W S / K̂ dS'
   bf16 in[kChunk * kLdVt];   // U0 (forward) or Z (backward) columns
-  bf16 dos[kChunk * kLdVt];  // scale · dO columns (backward)
+  bf16 dos[kChunk * kLdVt];  // dO columns (backward)
   bf16 vd[kChunk * kLdVt];   // diag(e^{γ_L − γ}) Vd (forward) or −dVd (backward)
   float gamma[kChunk], eg[kChunk], b[kChunk], carry;
 };
@@ -42,7 +44,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   const SequenceRange seq = sequence_range(f.cu_seqlens, f.cu_seqlens_int64, f.T, n);
   const int64_t n_chunks = (seq.eos - seq.bos + kChunk - 1) / kChunk;
   const int tid = threadIdx.x, warp = tid / 32;
-  const Tile k{s.k, kLdWide}, x{s.x, kLdWide}, w{s.w, kLdWide}, st{s.st, kLdVt}, in{s.in, kLdVt}, dos{s.dos, kLdVt},
+  const Tile k{s.k, kLdWide}, x{s.x, kLdWide}, xl{s.xl, kLdWide}, w{s.w, kLdWide}, st{s.st, kLdVt}, in{s.in, kLdVt}, dos{s.dos, kLdVt},
       vd{s.vd, kLdVt};
   const int m0 = 32 * warp;
 
@@ -91,14 +93,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
       s.b[tid] = expf(s.gamma[L - 1] - s.gamma[tid]);
     }
     __syncthreads();
-    if (backward) {
-      scale_rows<kThreads>(x, L, f.use_qk_l2norm, [&](int r) { return s.eg[r]; });
-      for (int i = tid; i < kChunk * kVt / 2; i += kThreads) {
-        const int r = i / (kVt / 2), cc = 2 * (i % (kVt / 2));
-        const float2 d = Mma::unpack(*reinterpret_cast<const uint32_t*>(dos.at(r, cc)));
-        store_pair(dos, r, cc, d.x * f.scale, d.y * f.scale);
-      }
-    }
+    if (backward) split_rows<kThreads>(x, xl, L, f.use_qk_l2norm, [&](int r) { return f.scale * s.eg[r]; });
     // Rows 16 warp of the 64 x 32 chunk products.
     float acc[1][4][4];
     zero(acc);
@@ -120,6 +115,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
     });
     if (backward) {
       warp_gemm<2, 4, true, false>(S, x, dos, m0, 0, kChunk);
+      warp_gemm<2, 4, true, false>(S, xl, dos, m0, 0, kChunk);
       warp_gemm<2, 4, true, false>(S, w, vd, m0, 0, kChunk);
     } else {
       warp_gemm<2, 4, true, false>(S, k, vd, m0, 0, kChunk);

@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
     for (int i = tid; i < kChunk * kChunk / 2; i += kThreads) {
       const int r = i / (kChunk / 2), c = 2 * (i % (kChunk / 2));
       const bool row_in = r < L;
-      store_pair(p, r, c, row_in && c <= r ? expf(s.gamma[r] - s.gamma[c]) * s.qk[r][c] : 0.f,
-                 row_in && c + 1 <= r ? expf(s.gamma[r] - s.gamma[c + 1]) * s.qk[r][c + 1] : 0.f);
+      store_pair(p, r, c, row_in && c <= r ? f.scale * expf(s.gamma[r] - s.gamma[c]) * s.qk[r][c] : 0.f,
+                 row_in && c + 1 <= r ? f.scale * expf(s.gamma[r] - s.gamma[c + 1]) * s.qk[r][c + 1] : 0.f);
     }
 
     float dP[1][4][4], dA[1][4][4];
@@ -137,7 +137,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
         const int r = i / (kHalf / 2), c = 2 * (i % (kHalf / 2));
         const float2 d = Mma::unpack(*reinterpret_cast<const uint32_t*>(dos.at(r, c)));
         const float ds = f.scale * s.eg[r];
-        store_pair(dos, r, c, d.x * f.scale, d.y * f.scale);
         store_pair(dosd, r, c, d.x * ds, d.y * ds);
       }
       for (int i = tid; i < kDim * kHalf / 2; i += kThreads) {
@@ -257,8 +256,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
     // dQK = Γ ⊙ dP (bf16), scratch = P ⊙ dP (strictly lower) for dγ.
     for_each_pair(dP, m0, n0, [&](int r, int c, float& x0, float& x1) {
       const bool row_in = r < L;
-      const float g0 = row_in && c <= r ? expf(s.gamma[r] - s.gamma[c]) : 0.f;
-      const float g1 = row_in && c + 1 <= r ? expf(s.gamma[r] - s.gamma[c + 1]) : 0.f;
+      // dP accumulated against dO: times scale here.
+      const float g0 = row_in && c <= r ? f.scale * expf(s.gamma[r] - s.gamma[c]) : 0.f;
+      const float g1 = row_in && c + 1 <= r ? f.scale * expf(s.gamma[r] - s.gamma[c + 1]) : 0.f;
       store_pair(dqk, r, c, g0 * x0, g1 * x1);
       s.scratch[r][c] = c < r ? g0 * s.qk[r][c] * x0 : 0.f;
       s.scratch[r][c + 1] = c + 1 < r ? g1 * s.qk[r][c + 1] * x1 : 0.f;
@@ -302,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       const float ksdr = s.row_ksdr[0][t] + s.row_ksdr[1][t];
       const float xr = t < L - 1 ? s.row_x[0][t] + s.row_x[1][t] : 0.f;
       s.dbet[t] = row + udr;
-      s.dgam[t] += s.beta[t] * row - col + s.eg[t] * (s.row_q[0][t] + s.row_q[1][t]) - s.eg[t] * s.beta[t] * ksdr - xr;
+      s.dgam[t] += s.beta[t] * row - col + f.scale * s.eg[t] * (s.row_q[0][t] + s.row_q[1][t]) - s.eg[t] * s.beta[t] * ksdr - xr;
       s.row_x[0][t] = xr;  // kept for dγ_last
     }
     __syncthreads();

@@ -4,7 +4,8 @@
 //   A    = StrictLower(diag(β) (Γ ⊙ K̂ K̂ᵀ)),  M = (I + A)⁻¹   (fp32 in shared memory)
 //   W    = M diag(β e^γ) K̂     the state's pull on the chunk's deltas
 //   U0   = M diag(β) V         the deltas from a zero state (Vd = U0 − W S)
-//   Z    = scale · Pᵀ dO,  P = Γ ⊙ Q̂ K̂ᵀ (lower, diagonal included)
+//   Z    = (scale P)ᵀ dO,  P = Γ ⊙ Q̂ K̂ᵀ (lower, diagonal included; scale folded
+//          into P's one rounding to bf16, dO exact)
 // W, U0, Z and M go to the workspace in bf16, per token and value head.
 #include "cuda/sm90/gdn_bwd_tc_sm90.h"
 
@@ -101,16 +102,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_prep_kernel(const Back
   __syncthreads();
   if (tid < kChunk) s.eg[tid] = expf(s.gamma[tid]);
   __syncthreads();
-  // kbe = diag(β e^γ) K̂, vb = diag(β) V, dos = scale · dO (pairs)
+  // kbe = diag(β e^γ) K̂, vb = diag(β) V (pairs)
   for (int i = tid; i < kChunk * kDim / 2; i += kThreads) {
     const int r = i / (kDim / 2), c = 2 * (i % (kDim / 2));
     const float2 kv = Mma::unpack(*reinterpret_cast<const uint32_t*>(k.at(r, c)));
     const float2 vv = Mma::unpack(*reinterpret_cast<const uint32_t*>(vb.at(r, c)));
-    const float2 dv = Mma::unpack(*reinterpret_cast<const uint32_t*>(dos.at(r, c)));
     const float be = s.beta[r] * s.eg[r];
     store_pair(kbe, r, c, kv.x * be, kv.y * be);
     store_pair(vb, r, c, vv.x * s.beta[r], vv.y * s.beta[r]);
-    store_pair(dos, r, c, dv.x * f.scale, dv.y * f.scale);
   }
   // K̂ K̂ᵀ -> A (fp32), Q̂ K̂ᵀ -> P (bf16); M starts as the identity.
   {
@@ -127,8 +126,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_prep_kernel(const Back
     });
     for_each_pair(qk, m0, n0, [&](int r, int c, float& x0, float& x1) {
       const bool row_in = r < L;
-      store_pair(p, r, c, row_in && c <= r ? expf(s.gamma[r] - s.gamma[c]) * x0 : 0.f,
-                 row_in && c + 1 <= r ? expf(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f);
+      store_pair(p, r, c, row_in && c <= r ? f.scale * expf(s.gamma[r] - s.gamma[c]) * x0 : 0.f,
+                 row_in && c + 1 <= r ? f.scale * expf(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f);
     });
   }
   for (int i = tid; i < kChunk * kChunk; i += kThreads) s.minv[i / kChunk][i % kChunk] = i / kChunk == i % kChunk;

@@ -139,6 +139,40 @@ __device__ __forceinline__ void scale_rows(const Tile& t, int L, bool l2norm, Sc
   }
 }
 
+// The rows of a 128-column bf16 tile `hi` (raw values on entry), each r < L
+// times (l2norm ? rsqrt(Σx² + 1e-6) : 1) · scale(r) in fp32, as two bf16
+// tiles whose sum carries 16 mantissa bits: hi = bf16(x), lo = bf16(x − hi).
+// One warp a row.
+template <int kThreads, typename Scale>
+__device__ __forceinline__ void split_rows(const Tile& hi, const Tile& lo, int L, bool l2norm, Scale scale) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int r = warp; r < kChunk; r += kThreads / 32) {
+    uint2* const ph = reinterpret_cast<uint2*>(hi.at(r, lane * 4));
+    uint2* const pl = reinterpret_cast<uint2*>(lo.at(r, lane * 4));
+    if (r >= L) {
+      *pl = make_uint2(0u, 0u);
+      continue;
+    }
+    const uint2 raw = *ph;
+    const float2 a = Mma::unpack(raw.x), b = Mma::unpack(raw.y);
+    float s = scale(r);
+    if (l2norm) {
+      float ss = a.x * a.x + a.y * a.y + b.x * b.x + b.y * b.y;
+      for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      s *= rsqrtf(ss + 1e-6f);
+    }
+    const float x[4] = {a.x * s, a.y * s, b.x * s, b.y * s};
+    uint2 h, l;
+    h.x = Mma::pack(x[0], x[1]);
+    h.y = Mma::pack(x[2], x[3]);
+    const float2 h0 = Mma::unpack(h.x), h1 = Mma::unpack(h.y);
+    l.x = Mma::pack(x[0] - h0.x, x[1] - h0.y);
+    l.y = Mma::pack(x[2] - h1.x, x[3] - h1.y);
+    *ph = h;
+    *pl = l;
+  }
+}
+
 // acc[MT][NT] += A (rows m0 .., reduction k) · B (reduction k, columns n0 ..)
 // over k in [0, kdim), 16 at a time. A is an [m][k] tile, or (kATrans) its
 // transpose stored as [k][m]; B is a [k][n] tile, or (kBNK) stored as [n][k].
