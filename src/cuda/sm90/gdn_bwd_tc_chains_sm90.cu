@@ -1,7 +1,7 @@
 // The tensor-core backward, step 2 of 3: the two serial chains, one CTA each
 // per (sequence, value head, 32-column V tile), both directions in one launch
 // (blockIdx.y). Each keeps its state slice in fp32 registers (warp w: key rows
-// 32 w .. 32 w + 31) and stores it in bf16 at every chunk for step 3:
+// 16 w .. 16 w + 15) and stores it in bf16 at every chunk for step 3:
 //   forward   S entering each chunk:  Vd = U0 − W S,
 //             S' = e^{γ_L} S + K̂ᵀ diag(e^{γ_L − γ}) Vd
 //   backward  dS leaving each chunk:  dVd = Z + diag(e^{γ_L − γ}) K̂ dS',
@@ -17,7 +17,7 @@ namespace {
 
 using namespace bwd;
 
-constexpr int kThreads = 128;
+constexpr int kThreads = 256;
 constexpr int kVt = 32;           // value columns a CTA
 constexpr int kLdVt = kVt + 8;    // 80-byte rows
 constexpr int kTiles = kDim / kVt;
@@ -46,10 +46,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   const int tid = threadIdx.x, warp = tid / 32;
   const Tile k{s.k, kLdWide}, x{s.x, kLdWide}, xl{s.xl, kLdWide}, w{s.w, kLdWide}, st{s.st, kLdVt}, in{s.in, kLdVt}, dos{s.dos, kLdVt},
       vd{s.vd, kLdVt};
-  const int m0 = 32 * warp;
+  const int m0 = 16 * warp;
 
   // The state slice: S from h0 (forward) or dS from dht (backward), zero without.
-  float S[2][4][4];
+  float S[1][4][4];
   {
     const void* src = backward ? a.dht : f.h0;
     const flashqla_dtype_t dtype = backward ? a.dht_dtype : f.h0_dtype;
@@ -94,12 +94,13 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
     }
     __syncthreads();
     if (backward) split_rows<kThreads>(x, xl, L, f.use_qk_l2norm, [&](int r) { return f.scale * s.eg[r]; });
-    // Rows 16 warp of the 64 x 32 chunk products.
-    float acc[1][4][4];
+    // The 64 x 32 chunk products: rows 16 (warp % 4), columns 16 (warp / 4).
+    float acc[1][2][4];
     zero(acc);
     const Tile lhs{backward ? s.k : s.w, kLdWide};  // K̂ dS' or W S
-    warp_gemm<1, 4, false, false>(acc, lhs, st, 16 * warp, 0, kDim);
-    for_each_pair(acc, 16 * warp, 0, [&](int r, int col, float& x0, float& x1) {
+    const int pm = 16 * (warp % 4), pn = 16 * (warp / 4);
+    warp_gemm<1, 2, false, false>(acc, lhs, st, pm, pn, kDim);
+    for_each_pair(acc, pm, pn, [&](int r, int col, float& x0, float& x1) {
       const float2 base = Mma::unpack(*reinterpret_cast<const uint32_t*>(in.at(r, col)));
       if (backward) {  // −dVd = −(Z + b K̂ dS')
         store_pair(vd, r, col, -(base.x + s.b[r] * x0), -(base.y + s.b[r] * x1));
@@ -114,11 +115,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
       x1 *= el;
     });
     if (backward) {
-      warp_gemm<2, 4, true, false>(S, x, dos, m0, 0, kChunk);
-      warp_gemm<2, 4, true, false>(S, xl, dos, m0, 0, kChunk);
-      warp_gemm<2, 4, true, false>(S, w, vd, m0, 0, kChunk);
+      warp_gemm<1, 4, true, false>(S, x, dos, m0, 0, kChunk);
+      warp_gemm<1, 4, true, false>(S, xl, dos, m0, 0, kChunk);
+      warp_gemm<1, 4, true, false>(S, w, vd, m0, 0, kChunk);
     } else {
-      warp_gemm<2, 4, true, false>(S, k, vd, m0, 0, kChunk);
+      warp_gemm<1, 4, true, false>(S, k, vd, m0, 0, kChunk);
     }
     __syncthreads();
   }
