@@ -96,8 +96,7 @@ flashqla_status_t flashqla_gdn_bwd_workspace_size(const flashqla_gdn_bwd_params_
   return guarded([&] {
     constexpr const char* entry = "flashqla_gdn_bwd_workspace_size";
     FLASHQLA_REQUIRE(bytes != nullptr, entry, ": bytes: pointer is NULL");
-    const flashqla::Problem pr = flashqla::api::validate_backward_call(params, entry);
-    *bytes = flashqla::api::backward_workspace(pr, *params);
+    *bytes = flashqla::api::plan_backward(params, entry).workspace_bytes;
   });
 }
 
@@ -124,14 +123,14 @@ flashqla_status_t flashqla_gdn_bwd(const flashqla_gdn_bwd_params_t* params) {
   flashqla::TraceRange trace("flashqla_gdn_bwd");
   return guarded([&] {
     constexpr const char* entry = "flashqla_gdn_bwd";
-    const flashqla::Problem pr = flashqla::api::validate_backward_call(params, entry);
-    flashqla::check_workspace(entry, flashqla::api::backward_workspace(pr, *params),
-                              params->fwd.workspace, params->fwd.workspace_bytes);
+    const flashqla::api::BackwardCall call = flashqla::api::plan_backward(params, entry);
+    flashqla::check_workspace(entry, call.workspace_bytes, params->fwd.workspace, params->fwd.workspace_bytes);
+    const flashqla::Problem& pr = call.problem;
     FLASHQLA_PLAN("%s: backend=%s B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld N=%lld varlen=%d h0=%d", entry,
                   pr.backend == FLASHQLA_BACKEND_CUDA ? "cuda" : "cpu", (long long)pr.B, (long long)pr.T,
                   (long long)pr.H, (long long)pr.HV, (long long)pr.K, (long long)pr.V, (long long)pr.N,
                   int(pr.varlen), int(pr.has_initial_state));
-    flashqla::api::run_backward(pr, *params);
+    flashqla::api::run_backward(call, *params);
   });
 }
 

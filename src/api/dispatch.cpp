@@ -52,22 +52,23 @@ void run_forward(const ForwardCall& call, const flashqla_gdn_fwd_params_t& param
   cpu::gdn_forward(call.problem, params);
 }
 
-Problem validate_backward_call(const flashqla_gdn_bwd_params_t* params, const char* entry) {
-  return validate_backward(params, entry);
+BackwardCall plan_backward(const flashqla_gdn_bwd_params_t* params, const char* entry) {
+  BackwardCall call;
+  call.problem = validate_backward(params, entry);
+#ifdef FLASHQLA_WITH_CUDA
+  if (call.problem.backend == FLASHQLA_BACKEND_CUDA) {
+    call.cuda = cuda::plan_backward(call.problem, *params, entry);
+    call.workspace_bytes = call.cuda.bytes;
+  }
+#endif
+  return call;  // the CPU backend keeps its fp64 scratch on the host heap: no workspace
 }
 
-size_t backward_workspace(const Problem& pr, const flashqla_gdn_bwd_params_t& p) {
+void run_backward(const BackwardCall& call, const flashqla_gdn_bwd_params_t& params) {
 #ifdef FLASHQLA_WITH_CUDA
-  if (pr.backend == FLASHQLA_BACKEND_CUDA) return cuda::backward_workspace_bytes(pr, p);
+  if (call.problem.backend == FLASHQLA_BACKEND_CUDA) return cuda::gdn_backward(call.problem, params, call.cuda);
 #endif
-  return 0;
-}
-
-void run_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p) {
-#ifdef FLASHQLA_WITH_CUDA
-  if (pr.backend == FLASHQLA_BACKEND_CUDA) return cuda::gdn_backward(pr, p);
-#endif
-  cpu::gdn_backward(pr, p);
+  cpu::gdn_backward(call.problem, params);
 }
 
 const char* kernel_name(flashqla_fwd_kernel_t kernel) {

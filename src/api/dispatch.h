@@ -38,10 +38,20 @@ ForwardCall plan_forward(const flashqla_gdn_fwd_params_t* params, const char* en
 // Runs a planned call (plan_forward of the same params).
 void run_forward(const ForwardCall& call, const flashqla_gdn_fwd_params_t& params);
 
-// The backward: validated, its workspace, and run.
-Problem validate_backward_call(const flashqla_gdn_bwd_params_t* params, const char* entry);
-size_t backward_workspace(const Problem& problem, const flashqla_gdn_bwd_params_t& params);
-void run_backward(const Problem& problem, const flashqla_gdn_bwd_params_t& params);
+// One validated backward call and its plan, whichever backend runs it.
+struct BackwardCall {
+  Problem problem;
+  size_t workspace_bytes = 0;
+#ifdef FLASHQLA_WITH_CUDA
+  cuda::BackwardPlan cuda;  // the CUDA backend's plan (CUDA calls only)
+#endif
+};
+
+// Validates `params` (messages prefixed by `entry`) and plans the call.
+BackwardCall plan_backward(const flashqla_gdn_bwd_params_t* params, const char* entry);
+
+// Runs a planned call (plan_backward of the same params).
+void run_backward(const BackwardCall& call, const flashqla_gdn_bwd_params_t& params);
 
 // "cpu_chunked", "cpu_recurrent", "sm90_fused", "sm90_simple".
 const char* kernel_name(flashqla_fwd_kernel_t kernel);

@@ -16,8 +16,6 @@
 #include "cuda/sm90/gdn_fwd_chain_tickets_sm90.h"
 #include "cuda/sm90/gdn_fwd_piece_scan_sm90.h"
 #include "cuda/sm90/gdn_fwd_simple_sm90.h"
-#include "cuda/sm90/gdn_bwd_simple_sm90.h"
-#include "cuda/sm90/gdn_bwd_tc_sm90.h"
 #include "cuda/backward_support.h"
 
 namespace flashqla::cuda {
@@ -220,16 +218,7 @@ bool simple_backward_forced() {
   return forced;
 }
 
-// Which backward a call runs and its workspace: the debug check word, then the
-// chosen kernel's arrays.
-struct BackwardPlan {
-  BackwardArgs args;
-  bool tensor_core = false;
-  std::string reason;  // why not the tensor-core backward
-  SimpleBackwardLayout simple;
-  TensorCoreBackwardLayout tc;
-  size_t bytes = 0;
-};
+}  // namespace
 
 BackwardPlan plan_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const char* entry) {
   require_sm90(entry);
@@ -248,12 +237,6 @@ BackwardPlan plan_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p
     plan.bytes = plan.simple.bytes;
   }
   return plan;
-}
-
-}  // namespace
-
-size_t backward_workspace_bytes(const Problem& pr, const flashqla_gdn_bwd_params_t& p) {
-  return plan_backward(pr, p, "flashqla_gdn_bwd_workspace_size").bytes;
 }
 
 void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p, const ForwardPlan& plan) {
@@ -291,16 +274,15 @@ void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p, const Fo
   }
 }
 
-void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p) {
+void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const BackwardPlan& plan) {
   constexpr const char* entry = "flashqla_gdn_bwd";
-  BackwardPlan plan = plan_backward(pr, p, entry);
   if (pr.debug_check_cu_seqlens) debug_check_cu_seqlens(p.fwd, pr, entry);
   if (reinterpret_cast<uintptr_t>(p.fwd.workspace) % 256 != 0) {
     fail(FLASHQLA_STATUS_INVALID_ARGUMENT,
          str(entry, ": workspace: must be 256-byte aligned (it holds the chunk states and per-chunk products)"));
   }
   unsigned char* const ws = static_cast<unsigned char*>(p.fwd.workspace);
-  BackwardArgs& a = plan.args;
+  BackwardArgs a = plan.args;
   if (plan.tensor_core) {
     const TensorCoreBackwardLayout& l = plan.tc;
     a.chunk_slots = l.chunk_slots;
