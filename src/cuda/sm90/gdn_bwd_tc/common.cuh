@@ -221,24 +221,10 @@ __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
       for (int e = 0; e < 4; ++e) acc[mt][nt][e] = 0.f;
 }
 
-// Visits every pair of adjacent elements of a fragment array:
-// f(row, column, value of column, value of column + 1) -> nothing; the
+// Visits every pair of adjacent elements of a fragment array with the pair's
+// fragment indices (compile-time after unrolling):
+// f(mt, nt, half, row, column, value of column, value of column + 1); the
 // values are references, so f may change them.
-template <int MT, int NT, typename F>
-__device__ __forceinline__ void for_each_pair(float (&acc)[MT][NT][4], int m0, int n0, F f) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        f(m0 + 16 * mt + g + 8 * half, n0 + 8 * nt + 2 * t, acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
-      }
-}
-
-// As for_each_pair, also passing the pair's fragment indices (compile-time
-// after unrolling): f(mt, nt, half, row, column, value, value of column + 1).
 template <int MT, int NT, typename F>
 __device__ __forceinline__ void for_each_pair_at(float (&acc)[MT][NT][4], int m0, int n0, F f) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -251,6 +237,12 @@ __device__ __forceinline__ void for_each_pair_at(float (&acc)[MT][NT][4], int m0
         f(mt, nt, half, m0 + 16 * mt + g + 8 * half, n0 + 8 * nt + 2 * t, acc[mt][nt][2 * half],
           acc[mt][nt][2 * half + 1]);
       }
+}
+
+// The same without the indices: f(row, column, value, value of column + 1).
+template <int MT, int NT, typename F>
+__device__ __forceinline__ void for_each_pair(float (&acc)[MT][NT][4], int m0, int n0, F f) {
+  for_each_pair_at(acc, m0, n0, [&](int, int, int, int r, int c, float& x0, float& x1) { f(r, c, x0, x1); });
 }
 
 // Stores a pair as packed bf16 at tile (r, c).
