@@ -248,15 +248,9 @@ std::vector<unsigned char> download(const DeviceTensor& t, size_t bytes) {
   return out;
 }
 
-class GpuForward : public ::testing::TestWithParam<GpuFwdConfig> {
- protected:
-  void SetUp() override {
-    if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device on this machine";
-  }
-};
-
-TEST_P(GpuForward, MatchesCpuOracle) {
-  const GpuFwdConfig& f = GetParam();
+// A GPU suite's case from its config's common fields (fp32 gates and states).
+template <typename Config>
+GdnCase gpu_case(const Config& f) {
   GdnCase c;
   c.B = f.B;
   c.T = f.T;
@@ -272,6 +266,35 @@ TEST_P(GpuForward, MatchesCpuOracle) {
   c.state_v_first = f.v_first;
   c.l2norm = f.l2norm;
   c.row_pad = f.row_pad;
+  return c;
+}
+
+// Device memory of the size a workspace query reported (none for 0 bytes).
+struct DeviceWorkspace {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  explicit DeviceWorkspace(size_t n) : bytes(n) {
+    if (n > 0) {
+      EXPECT_EQ(cudaMalloc(&ptr, n), cudaSuccess);
+    }
+  }
+  DeviceWorkspace(const DeviceWorkspace&) = delete;
+  DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;
+  ~DeviceWorkspace() {
+    if (ptr) cudaFree(ptr);
+  }
+};
+
+class GpuForward : public ::testing::TestWithParam<GpuFwdConfig> {
+ protected:
+  void SetUp() override {
+    if (!have_cuda_device()) GTEST_SKIP() << "no CUDA device on this machine";
+  }
+};
+
+TEST_P(GpuForward, MatchesCpuOracle) {
+  const GpuFwdConfig& f = GetParam();
+  GdnCase c = gpu_case(f);
   c.o_row_pad = f.o_row_pad;
   c.allocate_and_fill(0xc0ffee + f.T, f.g_value, f.beta_value, 16.0);
 
@@ -298,14 +321,9 @@ TEST_P(GpuForward, MatchesCpuOracle) {
   // Workspace as the size query reports it (sequence pieces need one).
   size_t ws_bytes = 0;
   ASSERT_EQ(flashqla_gdn_fwd_workspace_size(&p, &ws_bytes), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
-  std::unique_ptr<void, decltype(&cudaFree)> workspace(nullptr, &cudaFree);
-  if (ws_bytes > 0) {
-    void* w = nullptr;
-    ASSERT_EQ(cudaMalloc(&w, ws_bytes), cudaSuccess);
-    workspace.reset(w);
-    p.workspace = w;
-    p.workspace_bytes = ws_bytes;
-  }
+  const DeviceWorkspace workspace(ws_bytes);
+  p.workspace = workspace.ptr;
+  p.workspace_bytes = workspace.bytes;
 
   const char* kernel = nullptr;
   ASSERT_EQ(flashqla_gdn_fwd_kernel_name(&p, &kernel), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
@@ -505,23 +523,9 @@ class GpuBackward : public ::testing::TestWithParam<GpuBwdConfig> {
 // run must give the same bits.
 TEST_P(GpuBackward, MatchesCpuOracle) {
   const GpuBwdConfig& f = GetParam();
-  GdnCase c;
-  c.B = f.B;
-  c.T = f.T;
-  c.H = f.H;
-  c.HV = f.HV;
-  c.K = f.K;
-  c.V = f.V;
-  c.cu_seqlens = f.cu_seqlens;
-  c.dtype = f.dtype;
-  c.gate_dtype = FLASHQLA_DTYPE_FLOAT32;
-  c.state_dtype = FLASHQLA_DTYPE_FLOAT32;
-  c.with_h0 = f.h0;
+  GdnCase c = gpu_case(f);
   c.with_dht = f.dht;
-  c.state_v_first = f.v_first;
-  c.l2norm = f.l2norm;
   c.beta_act = f.beta_act;
-  c.row_pad = f.row_pad;
   c.allocate_and_fill(0xbac4 + f.T + f.K, f.g_value, f.beta_value, 16.0);
 
   GdnCase ref = c;
@@ -547,14 +551,9 @@ TEST_P(GpuBackward, MatchesCpuOracle) {
 
   size_t ws_bytes = 0;
   ASSERT_EQ(flashqla_gdn_bwd_workspace_size(&p, &ws_bytes), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
-  std::unique_ptr<void, decltype(&cudaFree)> workspace(nullptr, &cudaFree);
-  if (ws_bytes > 0) {
-    void* w = nullptr;
-    ASSERT_EQ(cudaMalloc(&w, ws_bytes), cudaSuccess);
-    workspace.reset(w);
-    p.fwd.workspace = w;
-    p.fwd.workspace_bytes = ws_bytes;
-  }
+  const DeviceWorkspace workspace(ws_bytes);
+  p.fwd.workspace = workspace.ptr;
+  p.fwd.workspace_bytes = workspace.bytes;
 
   const struct {
     const char* name;
