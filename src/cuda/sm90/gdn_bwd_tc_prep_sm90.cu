@@ -18,14 +18,24 @@ using namespace bwd;
 
 constexpr int kThreads = 256;
 
+// 103 KB: two CTAs a SM. Regions are reused once their contents are dead.
 struct PrepSmem {
-  bf16 q[kChunk * kLdWide], k[kChunk * kLdWide], kbe[kChunk * kLdWide], vb[kChunk * kLdWide],
-      dos[kChunk * kLdWide];
-  bf16 mb[kChunk * kLdHalf], p[kChunk * kLdHalf];
-  float a[kChunk][kChunk + 1], minv[kChunk][kChunk + 1];
-  float t[kChunk][kChunk + 1];  // the blocked inverse's products
+  union {
+    bf16 q[kChunk * kLdWide];      // Q̂, until Q̂ K̂ᵀ
+    float t[kChunk][kChunk + 1];   // then the blocked inverse's products
+    bf16 p[kChunk * kLdHalf];      // then scale P
+  } r0;
+  bf16 k[kChunk * kLdWide];        // K̂, then diag(β e^γ) K̂
+  bf16 vb[kChunk * kLdWide];       // V, then diag(β) V
+  bf16 dos[kChunk * kLdWide];      // dO
+  union {
+    float a[kChunk][kChunk + 1];   // A, until inverted
+    bf16 mb[kChunk * kLdHalf];     // then M in bf16
+  } r1;
+  float minv[kChunk][kChunk + 1];
   float gamma[kChunk], beta[kChunk], eg[kChunk], carry;
 };
+static_assert(2 * (sizeof(PrepSmem) + 1024) <= 228 * 1024, "two prep CTAs a SM");
 
 // M = (I + A)⁻¹ for A strictly lower (64x64 fp32; M holds the identity on
 // entry), by 16x16 blocks: the four diagonal blocks by forward substitution
@@ -66,7 +76,7 @@ __device__ void invert_unit_lower(float (&a)[kChunk][kChunk + 1], float (&m)[kCh
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_prep_kernel(const BackwardArgs a) {
+__global__ void __launch_bounds__(kThreads, 2) gdn_bwd_tc_prep_kernel(const BackwardArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   PrepSmem& s = *reinterpret_cast<PrepSmem*>(smem_raw);
   const ForwardArgs& f = a.f;
@@ -74,8 +84,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_prep_kernel(const Back
   if (!cr.valid) return;
   const int64_t hv = blockIdx.y, h = hv / f.group;
   const int L = cr.L, tid = threadIdx.x, warp = tid / 32;
-  const Tile q{s.q, kLdWide}, k{s.k, kLdWide}, kbe{s.kbe, kLdWide}, vb{s.vb, kLdWide}, dos{s.dos, kLdWide};
-  const Tile mb{s.mb, kLdHalf}, p{s.p, kLdHalf};
+  const Tile q{s.r0.q, kLdWide}, k{s.k, kLdWide}, vb{s.vb, kLdWide}, dos{s.dos, kLdWide};
+  const Tile mb{s.r1.mb, kLdHalf}, p{s.r0.p, kLdHalf};
 
   load_rows<kThreads, kDim>(q, static_cast<const bf16*>(f.q) + cr.row * f.q_sb + cr.t0 * f.q_st + h * f.q_sh, f.q_st, L);
   load_rows<kThreads, kDim>(k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + h * f.k_sh, f.k_st, L);
@@ -102,37 +112,38 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_prep_kernel(const Back
   __syncthreads();
   if (tid < kChunk) s.eg[tid] = expf(s.gamma[tid]);
   __syncthreads();
-  // kbe = diag(β e^γ) K̂, vb = diag(β) V (pairs)
+  // K̂ K̂ᵀ -> A (fp32); Q̂ K̂ᵀ stays in registers until Q̂'s memory is free again.
+  const int pm0 = 16 * (warp % 4), pn0 = 32 * (warp / 4);
+  float qk[1][4][4];
+  zero(qk);
+  {
+    float kk[1][4][4];
+    zero(kk);
+    warp_gemm<1, 4, false, true>(kk, k, k, pm0, pn0, kDim);
+    warp_gemm<1, 4, false, true>(qk, q, k, pm0, pn0, kDim);
+    for_each_pair(kk, pm0, pn0, [&](int r, int c, float& x0, float& x1) {
+      const bool row_in = r < L;
+      s.r1.a[r][c] = row_in && c < r ? s.beta[r] * expf(s.gamma[r] - s.gamma[c]) * x0 : 0.f;
+      s.r1.a[r][c + 1] = row_in && c + 1 < r ? s.beta[r] * expf(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f;
+    });
+  }
+  for (int i = tid; i < kChunk * kChunk; i += kThreads) s.minv[i / kChunk][i % kChunk] = i / kChunk == i % kChunk;
+  __syncthreads();  // Q̂ and K̂ read: K̂ becomes diag(β e^γ) K̂, V diag(β) V (pairs)
   for (int i = tid; i < kChunk * kDim / 2; i += kThreads) {
     const int r = i / (kDim / 2), c = 2 * (i % (kDim / 2));
     const float2 kv = Mma::unpack(*reinterpret_cast<const uint32_t*>(k.at(r, c)));
     const float2 vv = Mma::unpack(*reinterpret_cast<const uint32_t*>(vb.at(r, c)));
     const float be = s.beta[r] * s.eg[r];
-    store_pair(kbe, r, c, kv.x * be, kv.y * be);
+    store_pair(k, r, c, kv.x * be, kv.y * be);
     store_pair(vb, r, c, vv.x * s.beta[r], vv.y * s.beta[r]);
   }
-  // K̂ K̂ᵀ -> A (fp32), Q̂ K̂ᵀ -> P (bf16); M starts as the identity.
-  {
-    const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
-    float kk[1][4][4], qk[1][4][4];
-    zero(kk);
-    zero(qk);
-    warp_gemm<1, 4, false, true>(kk, k, k, m0, n0, kDim);
-    warp_gemm<1, 4, false, true>(qk, q, k, m0, n0, kDim);
-    for_each_pair(kk, m0, n0, [&](int r, int c, float& x0, float& x1) {
-      const bool row_in = r < L;
-      s.a[r][c] = row_in && c < r ? s.beta[r] * expf(s.gamma[r] - s.gamma[c]) * x0 : 0.f;
-      s.a[r][c + 1] = row_in && c + 1 < r ? s.beta[r] * expf(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f;
-    });
-    for_each_pair(qk, m0, n0, [&](int r, int c, float& x0, float& x1) {
-      const bool row_in = r < L;
-      store_pair(p, r, c, row_in && c <= r ? f.scale * expf(s.gamma[r] - s.gamma[c]) * x0 : 0.f,
-                 row_in && c + 1 <= r ? f.scale * expf(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f);
-    });
-  }
-  for (int i = tid; i < kChunk * kChunk; i += kThreads) s.minv[i / kChunk][i % kChunk] = i / kChunk == i % kChunk;
-  __syncthreads();
-  invert_unit_lower(s.a, s.minv, s.t);
+  invert_unit_lower(s.r1.a, s.minv, s.r0.t);
+  // A and t are dead: M in bf16 over A, scale P over t.
+  for_each_pair(qk, pm0, pn0, [&](int r, int c, float& x0, float& x1) {
+    const bool row_in = r < L;
+    store_pair(p, r, c, row_in && c <= r ? f.scale * expf(s.gamma[r] - s.gamma[c]) * x0 : 0.f,
+               row_in && c + 1 <= r ? f.scale * expf(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f);
+  });
   for (int i = tid; i < kChunk * kChunk / 2; i += kThreads) {
     const int r = i / (kChunk / 2), c = 2 * (i % (kChunk / 2));
     const float x0 = s.minv[r][c], x1 = s.minv[r][c + 1];
@@ -140,7 +151,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_prep_kernel(const Back
     if (r < L) store_pair(a.minv + token_index(cr.row, cr.t0 + r, f.T, hv, f.HV, kChunk) + c, x0, x1);
   }
   __syncthreads();
-  // W = M kbe, U0 = M vb, Z = Pᵀ dos: rows 16 (warp % 4), columns 64 (warp / 4).
+  // W = M diag(β e^γ) K̂, U0 = M diag(β) V, Z = (scale P)ᵀ dO: rows 16 (warp % 4), columns
+  // 64 (warp / 4).
   const int m0 = 16 * (warp % 4), n0 = 64 * (warp / 4);
   auto store_rows = [&](uint16_t* dst, float(&acc)[1][8][4]) {
     for_each_pair(acc, m0, n0, [&](int r, int c, float& x0, float& x1) {
@@ -150,7 +162,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_prep_kernel(const Back
   {
     float acc[1][8][4];
     zero(acc);
-    warp_gemm<1, 8, false, false>(acc, mb, kbe, m0, n0, kChunk);
+    warp_gemm<1, 8, false, false>(acc, mb, k, m0, n0, kChunk);
     store_rows(a.w, acc);
   }
   {
