@@ -53,6 +53,12 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       fused kernel's tools, run the GPU tests of the C++ suite, then the kernel's
       per-chunk timing and the wgmma tools.
       Default $OUT: /tmp/flashqla-gpu-iterate.
+  bwd-iterate
+      The backward's loop (about two minutes): build the library, its tests and
+      benchmarks/tools/backward_latency, run the C++ suite's backward GPU tests
+      (both kernels), the backward's latency (BWD_SHAPES, default 0,1,2,4,5) and
+      each backward kernel's time under Nsight Compute (BWD_NCU_SHAPES, 0,4).
+      Default $OUT: /tmp/flashqla-gpu-bwd-iterate.
   compare [--quick] [--wgmma-issue] [VERSION...]
       Time kernel versions side by side in one call: each version's fused kernel
       in this checkout's timing tool (per-chunk latency of five shapes, relative
@@ -320,6 +326,37 @@ cmd_iterate() {
   [[ ${ctest_rc} -eq 0 ]]
 }
 
+# --- bwd-iterate -------------------------------------------------------------
+cmd_bwd_iterate() {
+  local out="${OUT:-/tmp/flashqla-gpu-bwd-iterate}"
+  mkdir -p "${out}"
+  local build=build-gpu start
+  start=${SECONDS}
+  fq_gpu_configure_and_build "${build}" "${out}" all backward_latency
+  local build_s=$((SECONDS - start))
+  local bin="${build}/benchmarks/tools/backward_latency"
+  start=${SECONDS}
+  ctest --test-dir "${build}" --output-on-failure --timeout 300 -j 4 -R "GpuBackward|gpu_backward|BackwardSupport" \
+    > "${out}/ctest.log" 2>&1
+  local ctest_rc=$?
+  local ctest_s=$((SECONDS - start))
+  grep -E "\*\*\*|Failed|Skipped" "${out}/ctest.log" | head -n 30
+  REPS=5 timeout 120 "${bin}" "${BWD_SHAPES:-0,1,2,4,5}" > "${out}/latency.log" 2>&1
+  timeout 120 ncu --metrics gpu__time_duration.sum -k regex:gdn_bwd "${bin}" "${BWD_NCU_SHAPES:-0,4}" \
+    > "${out}/ncu.log" 2>&1
+  echo
+  echo "| step                     | result |"
+  echo "|--------------------------|--------|"
+  printf "| build (s)                | %6s |\n" "${build_s}"
+  printf "| GPU backward tests (s, rc) | %3s %2s |\n" "${ctest_s}" "${ctest_rc}"
+  printf "| tests total/skipped      | %3s %2s |\n" \
+    "$(grep -oE "out of [0-9]+" "${out}/ctest.log" | grep -oE "[0-9]+" | tail -n 1)" "$(grep -c "(Skipped)" "${out}/ctest.log")"
+  echo "per kernel (ncu, shapes ${BWD_NCU_SHAPES:-0,4}, us or ms as printed):"
+  grep -E "gdn_bwd|gpu__time_duration" "${out}/ncu.log" | paste - - | awk '{print "  " $1, $(NF-1), $NF}'
+  cat "${out}/latency.log"
+  [[ ${ctest_rc} -eq 0 ]]
+}
+
 # --- compare -----------------------------------------------------------------
 # The versions to compare, as folder names in versions/ (exporting commits first
 # where git can resolve them), in the order given; none: every exported version,
@@ -475,6 +512,7 @@ case "${command}" in
   bench-bwd) cmd_bench_bwd "$@" ;;
   full) cmd_full "$@" ;;
   iterate) cmd_iterate "$@" ;;
+  bwd-iterate) cmd_bwd_iterate "$@" ;;
   compare) cmd_compare "$@" ;;
   ncu) cmd_ncu "$@" ;;
   sanitize) cmd_sanitize "$@" ;;

@@ -33,6 +33,8 @@ struct BackwardArgs {
   uint16_t* u0;       // [B T][HV][V]   (I + A)⁻¹ diag(β) V
   uint16_t* z;        // [B T][HV][V]   scale · Pᵀ dO
   uint16_t* minv;     // [B T][HV][64]  the rows of (I + A)⁻¹
+  float4* rows;       // [B T][HV]      fp32 (e^{γ_L − γ} r_k, scale e^γ r_q, e^{γ_L}, γ): γ the in-chunk
+                      //                cumsum of g, γ_L the chunk's last, r_k, r_q the l2norm factors
   uint16_t* states;   // [chunk_slots][HV][K][V]  S entering each chunk
   uint16_t* dstates;  // [chunk_slots][HV][K][V]  dS leaving each chunk
 };

@@ -290,6 +290,7 @@ void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const B
     a.u0 = reinterpret_cast<uint16_t*>(ws + l.u0);
     a.z = reinterpret_cast<uint16_t*>(ws + l.z);
     a.minv = reinterpret_cast<uint16_t*>(ws + l.minv);
+    a.rows = reinterpret_cast<float4*>(ws + l.rows);
     a.states = reinterpret_cast<uint16_t*>(ws + l.states);
     a.dstates = reinterpret_cast<uint16_t*>(ws + l.dstates);
     FLASHQLA_PLAN("%s: tensor-core backward: %lld chunk slots, workspace %zu bytes", entry,

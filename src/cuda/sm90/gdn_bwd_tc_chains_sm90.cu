@@ -1,13 +1,20 @@
 // The tensor-core backward, step 2 of 3: the two serial chains, one CTA each
 // per (sequence, value head, 32-column V tile), both directions in one launch
-// (blockIdx.y). Each keeps its state slice in fp32 registers (warp w: key rows
-// 16 w .. 16 w + 15) and stores it in bf16 at every chunk for step 3:
-//   forward   S entering each chunk:  Vd = U0 − W S,
-//             S' = e^{γ_L} S + K̂ᵀ diag(e^{γ_L − γ}) Vd
-//   backward  dS leaving each chunk:  dVd = Z + diag(e^{γ_L − γ}) K̂ dS',
-//             dS = e^{γ_L} dS' + (scale diag(e^γ) Q̂)ᵀ dO − Wᵀ dVd
-//             (scale e^γ Q̂ as bf16 hi + lo: the term that dominates dS)
-// and the backward writes dS before the first chunk as d_initial_state.
+// (blockIdx.y 0: the gradient chain, the longer, started first). Each keeps
+// its state slice in fp32 registers (warp w: key rows 16 w .. 16 w + 15) and
+// stores it in bf16 at every chunk for step 3:
+//   state      S entering each chunk:  Vd = U0 − W S,
+//              S' = e^{γ_L} S + K̂ᵀ diag(e^{γ_L − γ}) Vd
+//   gradient   dS leaving each chunk:  dVd = Z + diag(e^{γ_L − γ}) K̂ dS',
+//              dS = e^{γ_L} dS' + (scale diag(e^γ) Q̂)ᵀ dO − Wᵀ dVd
+// and the gradient chain writes dS before the first chunk as d_initial_state.
+//
+// The chunk's tiles arrive by cp.async two chunks ahead (three stages), and k and
+// q are used as loaded: their l2norm factors (from step 1, with the gates) scale the
+// 64-row side instead, K̂ dS' = diag(r_k) (K dS') and
+// K̂ᵀ diag(b) Vd = Kᵀ diag(r_k b) Vd; the term that dominates dS takes q exact
+// and diag(scale e^γ r_q) dO as bf16 hi + lo (FLA keeps e^γ q in fp32; in one
+// bf16 rounding d_initial_state's error was 5× FLA's). Two barriers a chunk.
 #include "cuda/sm90/gdn_bwd_tc_sm90.h"
 
 #include "cuda/sm90/gdn_bwd_tc/common.cuh"
@@ -18,18 +25,24 @@ namespace {
 using namespace bwd;
 
 constexpr int kThreads = 256;
-constexpr int kVt = 32;           // value columns a CTA
-constexpr int kLdVt = kVt + 8;    // 80-byte rows
+constexpr int kVt = 32;         // value columns a CTA
+constexpr int kLdVt = kVt + 8;  // 80-byte rows
 constexpr int kTiles = kDim / kVt;
+constexpr int kStages = 3;      // chunk ci's tiles are loaded from chunk ci − 2 on
+
+// One chunk's inputs (q and dO: the gradient chain only).
+struct ChainStage {
+  bf16 k[kChunk * kLdWide], w[kChunk * kLdWide], q[kChunk * kLdWide];
+  bf16 in[kChunk * kLdVt];   // U0 (state chain) or Z (gradient chain) columns
+  bf16 dos[kChunk * kLdVt];  // dO columns
+  float4 rows[kChunk];       // BackwardArgs::rows; zero past the chunk's end
+};
 
 struct ChainSmem {
-  // x, xl: scale e^γ Q̂ as bf16 hi + lo (backward)
-  bf16 k[kChunk * kLdWide], x[kChunk * kLdWide], xl[kChunk * kLdWide], w[kChunk * kLdWide];
-  bf16 st[kDim * kLdVt];     // the state slice in bf16: the B operand of W S / K̂ dS'
-  bf16 in[kChunk * kLdVt];   // U0 (forward) or Z (backward) columns
-  bf16 dos[kChunk * kLdVt];  // dO columns (backward)
-  bf16 vd[kChunk * kLdVt];   // diag(e^{γ_L − γ}) Vd (forward) or −dVd (backward)
-  float gamma[kChunk], eg[kChunk], b[kChunk], carry;
+  ChainStage stage[kStages];  // chunk ci in stage ci % kStages
+  bf16 st[kDim * kLdVt];     // the state slice in bf16: the B operand of W S / K dS'
+  bf16 vd[kChunk * kLdVt];   // diag(r_k b) Vd (state chain) or −dVd (gradient chain)
+  bf16 dhi[kChunk * kLdVt], dlo[kChunk * kLdVt];  // diag(scale e^γ r_q) dO, hi + lo
 };
 
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const BackwardArgs a) {
@@ -39,91 +52,120 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   const int64_t v0 = (int64_t(blockIdx.x) % kTiles) * kVt;
   const int64_t hv = (int64_t(blockIdx.x) / kTiles) % f.HV, n = int64_t(blockIdx.x) / kTiles / f.HV;
   const int64_t h = hv / f.group;
-  const bool backward = blockIdx.y == 1;
+  const bool grad = blockIdx.y == 0;
   const bool varlen = f.cu_seqlens != nullptr;
   const SequenceRange seq = sequence_range(f.cu_seqlens, f.cu_seqlens_int64, f.T, n);
   const int64_t n_chunks = (seq.eos - seq.bos + kChunk - 1) / kChunk;
   const int tid = threadIdx.x, warp = tid / 32;
-  const Tile k{s.k, kLdWide}, x{s.x, kLdWide}, xl{s.xl, kLdWide}, w{s.w, kLdWide}, st{s.st, kLdVt}, in{s.in, kLdVt}, dos{s.dos, kLdVt},
-      vd{s.vd, kLdVt};
+  const Tile st{s.st, kLdVt}, vd{s.vd, kLdVt}, dhi{s.dhi, kLdVt}, dlo{s.dlo, kLdVt};
   const int m0 = 16 * warp;
+  const bf16* const k_base = static_cast<const bf16*>(f.k) + seq.row * f.k_sb + h * f.k_sh;
+  const bf16* const q_base = static_cast<const bf16*>(f.q) + seq.row * f.q_sb + h * f.q_sh;
+  const bf16* const do_base = static_cast<const bf16*>(a.d_o) + seq.row * a.do_sb + hv * a.do_sh + v0;
+  const bf16* const w_base = reinterpret_cast<const bf16*>(a.w);
+  const bf16* const in_base = reinterpret_cast<const bf16*>(grad ? a.z : a.u0) + v0;
 
-  // The state slice: S from h0 (forward) or dS from dht (backward), zero without.
+  // Chunk ci of the chain's order (the gradient chain runs from the last).
+  auto chunk_at = [&](int64_t ci) { return grad ? n_chunks - 1 - ci : ci; };
+  const RowCopy<kThreads, kDim> wide;
+  const RowCopy<kThreads, kVt> narrow;
+  auto issue_loads = [&](int64_t ci, ChainStage& g) {
+    const int64_t t0 = seq.bos + chunk_at(ci) * kChunk;
+    const int L = int(min64(kChunk, seq.eos - t0));
+    const int64_t tok = token_index(seq.row, t0, f.T, hv, f.HV, kDim);
+    wide.issue(Tile{g.k, kLdWide}, k_base + t0 * f.k_st, f.k_st, L);
+    wide.issue(Tile{g.w, kLdWide}, w_base + tok, f.HV * kDim, L);
+    narrow.issue(Tile{g.in, kLdVt}, in_base + tok, f.HV * kDim, L);
+    if (tid < kChunk) {
+      const float4* const src = a.rows + tok / kDim;
+      copy_async_16(&g.rows[tid], tid < L ? src + tid * f.HV : src, tid < L);
+    }
+    if (grad) {
+      wide.issue(Tile{g.q, kLdWide}, q_base + t0 * f.q_st, f.q_st, L);
+      narrow.issue(Tile{g.dos, kLdVt}, do_base + t0 * a.do_st, a.do_st, L);
+    }
+  };
+
+  // The state slice: S from h0 (state chain) or dS from dht (gradient chain), zero without.
   float S[1][4][4];
   {
-    const void* src = backward ? a.dht : f.h0;
-    const flashqla_dtype_t dtype = backward ? a.dht_dtype : f.h0_dtype;
-    const int64_t sn = backward ? a.dht_sn : f.h0_sn, sh = backward ? a.dht_sh : f.h0_sh;
-    const int64_t s2 = backward ? a.dht_s2 : f.h0_s2, s3 = backward ? a.dht_s3 : f.h0_s3;
+    const void* src = grad ? a.dht : f.h0;
+    const flashqla_dtype_t dtype = grad ? a.dht_dtype : f.h0_dtype;
+    const int64_t sn = grad ? a.dht_sn : f.h0_sn, sh = grad ? a.dht_sh : f.h0_sh;
+    const int64_t s2 = grad ? a.dht_s2 : f.h0_s2, s3 = grad ? a.dht_s3 : f.h0_s3;
     for_each_pair(S, m0, 0, [&](int r, int c, float& x0, float& x1) {
       x0 = src ? load_float(src, dtype, state_offset(n, hv, r, v0 + c, sn, sh, s2, s3, f.state_v_first)) : 0.f;
       x1 = src ? load_float(src, dtype, state_offset(n, hv, r, v0 + c + 1, sn, sh, s2, s3, f.state_v_first)) : 0.f;
     });
   }
-  uint16_t* const states = backward ? a.dstates : a.states;
+  for (int i = 0; i < kStages - 1; ++i) {
+    if (i < n_chunks) issue_loads(i, s.stage[i]);
+    commit_async_copies();
+  }
+  int stage = 0;  // ci % kStages
+  uint16_t* const states = grad ? a.dstates : a.states;
   for (int64_t ci = 0; ci < n_chunks; ++ci) {
-    const int64_t c = backward ? n_chunks - 1 - ci : ci;
+    ChainStage& g = s.stage[stage];
+    const int64_t c = chunk_at(ci);
     const int64_t t0 = seq.bos + c * kChunk;
     const int L = int(min64(kChunk, seq.eos - t0));
-    const int64_t slot = chunk_slot(n, c, seq.bos, f.T, varlen);
-    uint16_t* const gs = states + (slot * f.HV + hv) * kDim * kDim + v0;
-    for_each_pair(S, m0, 0, [&](int r, int col, float& x0, float& x1) {
-      store_pair(st, r, col, x0, x1);
-      store_pair(gs + r * kDim + col, x0, x1);
-    });
-    const int64_t tok = token_index(seq.row, t0, f.T, hv, f.HV, kDim);
-    load_rows<kThreads, kDim>(k, static_cast<const bf16*>(f.k) + seq.row * f.k_sb + t0 * f.k_st + h * f.k_sh, f.k_st,
-                              L);
-    load_rows<kThreads, kDim>(w, reinterpret_cast<const bf16*>(a.w) + tok, f.HV * kDim, L);
-    load_rows<kThreads, kVt>(in, reinterpret_cast<const bf16*>(backward ? a.z : a.u0) + tok + v0, f.HV * kDim, L);
-    if (backward) {
-      load_rows<kThreads, kDim>(x, static_cast<const bf16*>(f.q) + seq.row * f.q_sb + t0 * f.q_st + h * f.q_sh,
-                                f.q_st, L);
-      load_rows<kThreads, kVt>(
-          dos, static_cast<const bf16*>(a.d_o) + seq.row * a.do_sb + t0 * a.do_st + hv * a.do_sh + v0, a.do_st, L);
-    }
-    float g = tid < L ? load_float(f.g, f.g_dtype, seq.row * f.g_sb + (t0 + tid) * f.g_st + hv) : 0.f;
-    g = chunk_scan(g, &s.carry, false);
-    if (tid < kChunk) s.gamma[tid] = g;
-    wait_async_copies();
-    __syncthreads();
-    scale_rows<kThreads>(k, L, f.use_qk_l2norm, [](int) { return 1.f; });
-    if (tid < kChunk) {
-      s.eg[tid] = expf(s.gamma[tid]);
-      s.b[tid] = expf(s.gamma[L - 1] - s.gamma[tid]);
-    }
-    __syncthreads();
-    if (backward) split_rows<kThreads>(x, xl, L, f.use_qk_l2norm, [&](int r) { return f.scale * s.eg[r]; });
-    // The 64 x 32 chunk products: rows 16 (warp % 4), columns 16 (warp / 4).
-    float acc[1][2][4];
-    zero(acc);
-    const Tile lhs{backward ? s.k : s.w, kLdWide};  // K̂ dS' or W S
-    const int pm = 16 * (warp % 4), pn = 16 * (warp / 4);
-    warp_gemm<1, 2, false, false>(acc, lhs, st, pm, pn, kDim);
-    for_each_pair(acc, pm, pn, [&](int r, int col, float& x0, float& x1) {
-      const float2 base = Mma::unpack(*reinterpret_cast<const uint32_t*>(in.at(r, col)));
-      if (backward) {  // −dVd = −(Z + b K̂ dS')
-        store_pair(vd, r, col, -(base.x + s.b[r] * x0), -(base.y + s.b[r] * x1));
-      } else {  // b (U0 − W S)
-        store_pair(vd, r, col, s.b[r] * (base.x - x0), s.b[r] * (base.y - x1));
+    for_each_pair(S, m0, 0, [&](int r, int col, float& x0, float& x1) { store_pair(st, r, col, x0, x1); });
+    wait_async_copies_but<kStages - 2>();
+    __syncthreads();  // chunk ci's stage and the state in; chunk ci − 1's reads done
+    if (ci + kStages - 1 < n_chunks) issue_loads(ci + kStages - 1, s.stage[stage == 0 ? kStages - 1 : stage - 1]);
+    commit_async_copies();
+    {  // the state slice to the workspace, 16 bytes a thread and step
+      uint16_t* const gs = states + (chunk_slot(n, c, seq.bos, f.T, varlen) * f.HV + hv) * kDim * kDim + v0;
+      for (int i = tid; i < kDim * kVt / 8; i += kThreads) {
+        const int r = i / (kVt / 8), v = 8 * (i % (kVt / 8));
+        *reinterpret_cast<uint4*>(gs + r * kDim + v) = *reinterpret_cast<const uint4*>(st.at(r, v));
       }
-    });
-    __syncthreads();
-    const float el = s.eg[L - 1];
+    }
+    const Tile k{g.k, kLdWide}, w{g.w, kLdWide}, q{g.q, kLdWide}, in{g.in, kLdVt}, dos{g.dos, kLdVt};
+    if (grad) {  // diag(scale e^γ r_q) dO as hi + lo
+      for (int i = tid; i < kChunk * kVt / 2; i += kThreads) {
+        const int r = i / (kVt / 2), col = 2 * (i % (kVt / 2));
+        const float sq = g.rows[r].y;  // zero past the chunk's end
+        const float2 d = Mma::unpack(*reinterpret_cast<const uint32_t*>(dos.at(r, col)));
+        const float x0 = sq * d.x, x1 = sq * d.y;
+        const uint32_t hi = Mma::pack(x0, x1);
+        const float2 h2 = Mma::unpack(hi);
+        *reinterpret_cast<uint32_t*>(dhi.at(r, col)) = hi;
+        store_pair(dlo, r, col, x0 - h2.x, x1 - h2.y);
+      }
+    }
+    {  // the 64 x 32 chunk products K dS' or W S: rows 16 (warp % 4), columns 16 (warp / 4)
+      float acc[1][2][4];
+      zero(acc);
+      const int pm = 16 * (warp % 4), pn = 16 * (warp / 4);
+      const Tile lhs{grad ? g.k : g.w, kLdWide};
+      warp_gemm<1, 2, false, false>(acc, lhs, st, pm, pn, kDim);
+      for_each_pair(acc, pm, pn, [&](int r, int col, float& x0, float& x1) {
+        const float2 base = Mma::unpack(*reinterpret_cast<const uint32_t*>(in.at(r, col)));
+        const float f0 = g.rows[r].x;  // e^{γ_L − γ} r_k, zero past the chunk's end
+        if (grad) {  // −dVd = −(Z + b r_k K dS')
+          store_pair(vd, r, col, -(base.x + f0 * x0), -(base.y + f0 * x1));
+        } else {  // r_k b (U0 − W S)
+          store_pair(vd, r, col, f0 * (base.x - x0), f0 * (base.y - x1));
+        }
+      });
+    }
+    __syncthreads();  // vd and the dO halves in
+    const float el = g.rows[0].z;
+    stage = stage == kStages - 1 ? 0 : stage + 1;
     for_each_pair(S, m0, 0, [&](int, int, float& x0, float& x1) {
       x0 *= el;
       x1 *= el;
     });
-    if (backward) {
-      warp_gemm<1, 4, true, false>(S, x, dos, m0, 0, kChunk);
-      warp_gemm<1, 4, true, false>(S, xl, dos, m0, 0, kChunk);
+    if (grad) {
+      warp_gemm<1, 4, true, false>(S, q, dhi, m0, 0, kChunk);
+      warp_gemm<1, 4, true, false>(S, q, dlo, m0, 0, kChunk);
       warp_gemm<1, 4, true, false>(S, w, vd, m0, 0, kChunk);
     } else {
       warp_gemm<1, 4, true, false>(S, k, vd, m0, 0, kChunk);
     }
-    __syncthreads();
   }
-  if (backward && a.dh0 != nullptr) {
+  if (grad && a.dh0 != nullptr) {
     for_each_pair(S, m0, 0, [&](int r, int c, float& x0, float& x1) {
       store_float(a.dh0, a.dh0_dtype,
                   state_offset(n, hv, r, v0 + c, a.dh0_sn, a.dh0_sh, a.dh0_s2, a.dh0_s3, f.state_v_first), x0);

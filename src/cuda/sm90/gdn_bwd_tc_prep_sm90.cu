@@ -6,7 +6,8 @@
 //   U0   = M diag(β) V         the deltas from a zero state (Vd = U0 − W S)
 //   Z    = (scale P)ᵀ dO,  P = Γ ⊙ Q̂ K̂ᵀ (lower, diagonal included; scale folded
 //          into P's one rounding to bf16, dO exact)
-// W, U0, Z and M go to the workspace in bf16, per token and value head.
+// W, U0, Z and M go to the workspace in bf16, per token and value head, with
+// the chains' row factors in fp32 (BackwardArgs::rows).
 #include "cuda/sm90/gdn_bwd_tc_sm90.h"
 
 #include "cuda/sm90/gdn_bwd_tc/common.cuh"
@@ -33,7 +34,7 @@ struct PrepSmem {
     bf16 mb[kChunk * kLdHalf];     // then M in bf16
   } r1;
   float minv[kChunk][kChunk + 1];
-  float gamma[kChunk], beta[kChunk], eg[kChunk], carry;
+  float gamma[kChunk], beta[kChunk], eg[kChunk], rq[kChunk], rk[kChunk], carry;
 };
 static_assert(2 * (sizeof(PrepSmem) + 1024) <= 228 * 1024, "two prep CTAs a SM");
 
@@ -107,10 +108,17 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_tc_prep_kernel(const Back
   if (tid < kChunk) s.gamma[tid] = g;
   wait_async_copies();
   __syncthreads();
-  scale_rows<kThreads>(q, L, f.use_qk_l2norm, [](int) { return 1.f; });
-  scale_rows<kThreads>(k, L, f.use_qk_l2norm, [](int) { return 1.f; });
+  scale_rows<kThreads>(q, L, f.use_qk_l2norm, [](int) { return 1.f; }, s.rq);
+  scale_rows<kThreads>(k, L, f.use_qk_l2norm, [](int) { return 1.f; }, s.rk);
   __syncthreads();
-  if (tid < kChunk) s.eg[tid] = expf(s.gamma[tid]);
+  if (tid < kChunk) {
+    s.eg[tid] = expf(s.gamma[tid]);
+    if (tid < L) {  // the chains' row factors
+      const float gl = s.gamma[L - 1];
+      a.rows[token_index(cr.row, cr.t0 + tid, f.T, hv, f.HV, 1)] =
+          make_float4(expf(gl - g) * s.rk[tid], f.scale * expf(g) * s.rq[tid], expf(gl), g);
+    }
+  }
   __syncthreads();
   // K̂ K̂ᵀ -> A (fp32); Q̂ K̂ᵀ stays in registers until Q̂'s memory is free again.
   const int pm0 = 16 * (warp % 4), pn0 = 32 * (warp / 4);

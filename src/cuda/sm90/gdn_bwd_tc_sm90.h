@@ -19,7 +19,7 @@ namespace flashqla::cuda {
 // Byte offsets of the tensor-core backward's arrays (from the workspace start).
 struct TensorCoreBackwardLayout {
   int64_t chunk_slots = 0;
-  size_t w = 0, u0 = 0, z = 0, minv = 0, states = 0, dstates = 0, bytes = 0;
+  size_t w = 0, u0 = 0, z = 0, minv = 0, rows = 0, states = 0, dstates = 0, bytes = 0;
 };
 
 // After `offset` bytes the caller keeps; K = V = 128.
@@ -34,7 +34,8 @@ inline TensorCoreBackwardLayout tensor_core_backward_layout(int64_t B, int64_t T
   l.u0 = align(l.w + tokens * kDim * bf16);
   l.z = align(l.u0 + tokens * kDim * bf16);
   l.minv = align(l.z + tokens * kDim * bf16);
-  l.states = align(l.minv + tokens * kChunk * bf16);
+  l.rows = align(l.minv + tokens * kChunk * bf16);
+  l.states = align(l.rows + tokens * 4 * sizeof(float));
   const size_t states = static_cast<size_t>(l.chunk_slots * HV) * kDim * kDim * bf16;
   l.dstates = align(l.states + states);
   l.bytes = l.dstates + states;

@@ -81,6 +81,13 @@ __device__ __forceinline__ void copy_async_16(void* dst, const void* src, bool v
                : "memory");
 }
 __device__ __forceinline__ void wait_async_copies() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Closes this thread's group of copies issued since the last commit (possibly
+// none), and waits until at most kPending of its groups are in flight.
+__device__ __forceinline__ void commit_async_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void wait_async_copies_but() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 
 // Starts copying rows [0, kRows) of kCols bf16 columns (row r at src + r *
 // stride, 16-byte aligned) into a tile; rows >= L become zero. Complete after
@@ -93,6 +100,26 @@ __device__ __forceinline__ void load_rows(const Tile& dst, const bf16* src, int6
     copy_async_16(dst.at(r, v * 8), r < L ? src + r * stride + v * 8 : src, r < L);
   }
 }
+
+// The same copy for a loop over chunks: the thread's share of the rows and its
+// column are fixed at construction, so a chunk's copy costs a pointer step and
+// a predicate per 16 bytes. src points at the chunk's row 0, column 0.
+template <int kThreads, int kCols>
+struct RowCopy {
+  static constexpr int kVecs = kCols / 8, kRowsAPass = kThreads / kVecs, kPasses = kChunk / kRowsAPass;
+  static_assert(kThreads % kVecs == 0 && kChunk % kRowsAPass == 0, "whole passes over the chunk's rows");
+  int r0, c;
+  __device__ __forceinline__ RowCopy() : r0(int(threadIdx.x) / kVecs), c(8 * (int(threadIdx.x) % kVecs)) {}
+  __device__ __forceinline__ void issue(const Tile& dst, const bf16* src, int64_t stride, int L) const {
+    const bf16* p = src + r0 * stride + c;
+#pragma unroll
+    for (int j = 0; j < kPasses; ++j) {
+      const int r = r0 + j * kRowsAPass;
+      copy_async_16(dst.at(r, c), r < L ? p : src, r < L);
+      p += kRowsAPass * stride;
+    }
+  }
+};
 
 // Two adjacent bf16 of global memory as floats, through the read-only path.
 __device__ __forceinline__ float2 load_pair(const bf16* p) {
@@ -119,9 +146,10 @@ __device__ __forceinline__ float chunk_scan(float x, float* carry, bool reverse)
 
 // Rows [0, 64) of a 128-column bf16 tile, in place: each row r < L times
 // (l2norm ? rsqrt(Σx² + 1e-6) : 1) · scale(r), as the forward normalises. One
-// warp a row, four columns a lane.
+// warp a row, four columns a lane. factors (when given) receives each row's
+// factor, rows r < L.
 template <int kThreads, typename Scale>
-__device__ __forceinline__ void scale_rows(const Tile& t, int L, bool l2norm, Scale scale) {
+__device__ __forceinline__ void scale_rows(const Tile& t, int L, bool l2norm, Scale scale, float* factors = nullptr) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int r = warp; r < L; r += kThreads / 32) {
     uint2* p = reinterpret_cast<uint2*>(t.at(r, lane * 4));
@@ -136,40 +164,7 @@ __device__ __forceinline__ void scale_rows(const Tile& t, int L, bool l2norm, Sc
     raw.x = Mma::pack(a.x * s, a.y * s);
     raw.y = Mma::pack(b.x * s, b.y * s);
     *p = raw;
-  }
-}
-
-// The rows of a 128-column bf16 tile `hi` (raw values on entry), each r < L
-// times (l2norm ? rsqrt(Σx² + 1e-6) : 1) · scale(r) in fp32, as two bf16
-// tiles whose sum carries 16 mantissa bits: hi = bf16(x), lo = bf16(x − hi).
-// One warp a row.
-template <int kThreads, typename Scale>
-__device__ __forceinline__ void split_rows(const Tile& hi, const Tile& lo, int L, bool l2norm, Scale scale) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int r = warp; r < kChunk; r += kThreads / 32) {
-    uint2* const ph = reinterpret_cast<uint2*>(hi.at(r, lane * 4));
-    uint2* const pl = reinterpret_cast<uint2*>(lo.at(r, lane * 4));
-    if (r >= L) {
-      *pl = make_uint2(0u, 0u);
-      continue;
-    }
-    const uint2 raw = *ph;
-    const float2 a = Mma::unpack(raw.x), b = Mma::unpack(raw.y);
-    float s = scale(r);
-    if (l2norm) {
-      float ss = a.x * a.x + a.y * a.y + b.x * b.x + b.y * b.y;
-      for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-      s *= rsqrtf(ss + 1e-6f);
-    }
-    const float x[4] = {a.x * s, a.y * s, b.x * s, b.y * s};
-    uint2 h, l;
-    h.x = Mma::pack(x[0], x[1]);
-    h.y = Mma::pack(x[2], x[3]);
-    const float2 h0 = Mma::unpack(h.x), h1 = Mma::unpack(h.y);
-    l.x = Mma::pack(x[0] - h0.x, x[1] - h0.y);
-    l.y = Mma::pack(x[2] - h1.x, x[3] - h1.y);
-    *ph = h;
-    *pl = l;
+    if (factors != nullptr && lane == 0) factors[r] = s;
   }
 }
 
