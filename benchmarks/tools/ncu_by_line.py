@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Nsight Compute's per-instruction figures of the fused kernel, summed by source line.
+"""Nsight Compute's per-instruction figures of one kernel, summed by source line.
 
 `scripts/gpu.sh ncu` writes source.csv: one row per SASS instruction (executed
 count, warp-state samples by stall reason) but no source lines. This maps each
@@ -26,13 +26,13 @@ import subprocess
 from collections import Counter, defaultdict
 
 
-def sass_lines(cubin, kernel, nvdisasm):
+def sass_lines(cubin, function, kernel, nvdisasm):
     text = subprocess.run([nvdisasm, "-g", "-c", cubin], check=True, capture_output=True, text=True).stdout
     functions = re.split(r"\n(?=\.text\.)", text)
-    chosen = [f for f in functions if f.startswith(".text.") and "gdn_fwd_fused_kernel" in f.split("\n", 1)[0]
+    chosen = [f for f in functions if f.startswith(".text.") and function in f.split("\n", 1)[0]
               and kernel in f.split("\n", 1)[0]]
     if len(chosen) != 1:
-        raise SystemExit(f"expected one fused kernel matching {kernel!r} in {cubin}, found {len(chosen)}")
+        raise SystemExit(f"expected one {function} matching {kernel!r} in {cubin}, found {len(chosen)}")
     where, lines = None, {}
     for line in chosen[0].split("\n"):
         m = re.match(r'\s*//## File "([^"]+)", line (\d+)', line)
@@ -56,7 +56,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("source_csv")
     ap.add_argument("--cubin", required=True)
-    ap.add_argument("--kernel", default="bfloat16", help="substring of the kernel's mangled name")
+    ap.add_argument("--function", default="gdn_fwd_fused_kernel",
+                    help="the kernel's name (e.g. gdn_bwd_tc_chain_kernel)")
+    ap.add_argument("--kernel", default="", help="a further substring of its mangled name (e.g. bfloat16)")
     ap.add_argument("--nvdisasm", default="nvdisasm")
     ap.add_argument("--per", type=float, default=1.0)
     ap.add_argument("--range", default=None, help="a:b, SASS instruction indices")
@@ -68,7 +70,7 @@ def main():
     header, data = rows[1], rows[2:]
     col = {h: i for i, h in enumerate(header)}
     stalls = [h for h in header if h.startswith("stall_") and "(Not Issued)" not in h]
-    sass = sass_lines(args.cubin, args.kernel, args.nvdisasm)
+    sass = sass_lines(args.cubin, args.function, args.kernel, args.nvdisasm)
     if len(sass) != len(data):
         raise SystemExit(f"{len(data)} profiled instructions, {len(sass)} in the cubin: not the same build")
     lo, hi = (int(v) for v in args.range.split(":")) if args.range else (0, len(data))

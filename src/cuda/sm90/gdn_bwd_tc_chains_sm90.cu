@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
       zero(acc);
       const int pm = 16 * (warp % 4), pn = 16 * (warp / 4);
       const Tile lhs{grad ? g.k : g.w, kLdWide};
-      warp_gemm<1, 2, false, false>(acc, lhs, st, pm, pn, kDim);
+      warp_gemm<1, 2, false, false, kDim / 16>(acc, lhs, st, pm, pn, kDim);
       for_each_pair(acc, pm, pn, [&](int r, int col, float& x0, float& x1) {
         const float2 base = Mma::unpack(*reinterpret_cast<const uint32_t*>(in.at(r, col)));
         const float f0 = g.rows[r].x;  // e^{γ_L − γ} r_k, zero past the chunk's end
@@ -158,11 +158,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
       x1 *= el;
     });
     if (grad) {
-      warp_gemm<1, 4, true, false>(S, q, dhi, m0, 0, kChunk);
-      warp_gemm<1, 4, true, false>(S, q, dlo, m0, 0, kChunk);
-      warp_gemm<1, 4, true, false>(S, w, vd, m0, 0, kChunk);
+      warp_gemm<1, 4, true, false, kChunk / 16>(S, q, dhi, m0, 0, kChunk);
+      warp_gemm<1, 4, true, false, kChunk / 16>(S, q, dlo, m0, 0, kChunk);
+      warp_gemm<1, 4, true, false, kChunk / 16>(S, w, vd, m0, 0, kChunk);
     } else {
-      warp_gemm<1, 4, true, false>(S, k, vd, m0, 0, kChunk);
+      warp_gemm<1, 4, true, false, kChunk / 16>(S, k, vd, m0, 0, kChunk);
     }
   }
   if (grad && a.dh0 != nullptr) {

@@ -171,14 +171,15 @@ __device__ __forceinline__ void scale_rows(const Tile& t, int L, bool l2norm, Sc
 // acc[MT][NT] += A (rows m0 .., reduction k) · B (reduction k, columns n0 ..)
 // over k in [0, kdim), 16 at a time. A is an [m][k] tile, or (kATrans) its
 // transpose stored as [k][m]; B is a [k][n] tile, or (kBNK) stored as [n][k].
-template <int MT, int NT, bool kATrans, bool kBNK>
+// kUnroll reduction steps are unrolled: two by default (fully unrolled, the
+// fragment loads of every step are hoisted and a 64 x 128 warp tile runs out of
+// registers); small tiles unroll fully, their addresses folded into the loads.
+template <int MT, int NT, bool kATrans, bool kBNK, int kUnroll = 2>
 __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const Tile& A, const Tile& B, int m0, int n0,
                                           int kdim) {
   static_assert(NT % 2 == 0, "n-tiles come in pairs");
   const int lane = threadIdx.x % 32;
-  // Two reduction steps in flight: fully unrolled, the fragment loads of every
-  // step are hoisted and a 64 x 128 warp tile runs out of registers.
-#pragma unroll 2
+#pragma unroll kUnroll
   for (int k0 = 0; k0 < kdim; k0 += 16) {
     uint32_t a[MT][4];
 #pragma unroll
