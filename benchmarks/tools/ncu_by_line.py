@@ -9,7 +9,7 @@ times, the instructions executed and the samples per source line, largest first,
 and the stall reasons of all of them. Run here, on the files the device call
 brought back:
 
-  benchmarks/tools/ncu_by_line.py source.csv --cubin tool.cubin [--kernel bfloat16]
+  benchmarks/tools/ncu_by_line.py source.csv --cubin tool.cubin [--function NAME] [--kernel bfloat16]
       [--per 512] [--range 4300:9700]
 
 --per divides the executed counts (e.g. warps x chunks: 4 x 128 for the
@@ -58,7 +58,8 @@ def main():
     ap.add_argument("--cubin", required=True)
     ap.add_argument("--function", default="gdn_fwd_fused_kernel",
                     help="the kernel's name (e.g. gdn_bwd_tc_chain_kernel)")
-    ap.add_argument("--kernel", default="", help="a further substring of its mangled name (e.g. bfloat16)")
+    ap.add_argument("--kernel", default=None,
+                    help="a further substring of its mangled name (default: bfloat16 for the fused kernel)")
     ap.add_argument("--nvdisasm", default="nvdisasm")
     ap.add_argument("--per", type=float, default=1.0)
     ap.add_argument("--range", default=None, help="a:b, SASS instruction indices")
@@ -70,6 +71,8 @@ def main():
     header, data = rows[1], rows[2:]
     col = {h: i for i, h in enumerate(header)}
     stalls = [h for h in header if h.startswith("stall_") and "(Not Issued)" not in h]
+    if args.kernel is None:
+        args.kernel = "bfloat16" if args.function == "gdn_fwd_fused_kernel" else ""
     sass = sass_lines(args.cubin, args.function, args.kernel, args.nvdisasm)
     if len(sass) != len(data):
         raise SystemExit(f"{len(data)} profiled instructions, {len(sass)} in the cubin: not the same build")
