@@ -87,15 +87,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
   for (int64_t hv = h * f.group; hv < (h + 1) * f.group; ++hv) {
     const int64_t tok64 = token_index(cr.row, cr.t0, f.T, hv, f.HV, kChunk);
     load_rows<kThreads, kChunk>(minv, reinterpret_cast<const bf16*>(a.minv) + tok64, f.HV * kChunk, L);
-    float g = 0.f;
-    if (tid < kChunk) {
-      const bool in = tid < L;
-      const int64_t t = cr.t0 + tid;
-      g = in ? load_float(f.g, f.g_dtype, cr.row * f.g_sb + t * f.g_st + hv) : 0.f;
-      s.beta[tid] = in ? activate_beta(load_float(f.beta, f.beta_dtype, cr.row * f.beta_sb + t * f.beta_st + hv),
-                                       f.beta_activation)
-                       : 0.f;
-    }
+    float g = load_chunk_gates(f, cr, hv, s.beta);
     for (int i = tid; i < 2 * kChunk; i += kThreads) {
       (&s.row_udr[0][0])[i] = 0.f;
       (&s.row_ksdr[0][0])[i] = 0.f;

@@ -95,15 +95,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_tc_prep_kernel(const Back
   load_rows<kThreads, kDim>(dos,
                             static_cast<const bf16*>(a.d_o) + cr.row * a.do_sb + cr.t0 * a.do_st + hv * a.do_sh,
                             a.do_st, L);
-  float g = 0.f;
-  if (tid < kChunk) {
-    const bool in = tid < L;
-    const int64_t t = cr.t0 + tid;
-    g = in ? load_float(f.g, f.g_dtype, cr.row * f.g_sb + t * f.g_st + hv) : 0.f;
-    s.beta[tid] = in ? activate_beta(load_float(f.beta, f.beta_dtype, cr.row * f.beta_sb + t * f.beta_st + hv),
-                                     f.beta_activation)
-                     : 0.f;
-  }
+  float g = load_chunk_gates(f, cr, hv, s.beta);
   g = chunk_scan(g, &s.carry, false);  // γ; padded rows repeat the last value
   if (tid < kChunk) s.gamma[tid] = g;
   wait_async_copies();

@@ -126,6 +126,23 @@ __device__ __forceinline__ float2 load_pair(const bf16* p) {
   return Mma::unpack(__ldg(reinterpret_cast<const unsigned int*>(p)));
 }
 
+// A chunk's gates for value head hv: thread t < 64 returns g of the chunk's
+// token t (0 past its end) and writes the activated β to beta[t] (0 past the
+// end); other threads return 0. γ is then chunk_scan of the returned value.
+__device__ __forceinline__ float load_chunk_gates(const ForwardArgs& f, const ChunkRef& cr, int64_t hv, float* beta) {
+  const int tid = threadIdx.x;
+  float g = 0.f;
+  if (tid < kChunk) {
+    const bool in = tid < cr.L;
+    const int64_t t = cr.t0 + tid;
+    g = in ? load_float(f.g, f.g_dtype, cr.row * f.g_sb + t * f.g_st + hv) : 0.f;
+    beta[tid] = in ? activate_beta(load_float(f.beta, f.beta_dtype, cr.row * f.beta_sb + t * f.beta_st + hv),
+                                   f.beta_activation)
+                   : 0.f;
+  }
+  return g;
+}
+
 // Inclusive prefix sum of x over the 64 threads 0..63 (two warps; part of a
 // CTA-wide step: every thread of the CTA calls it). reverse: suffix sums.
 __device__ __forceinline__ float chunk_scan(float x, float* carry, bool reverse) {
