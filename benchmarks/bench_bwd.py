@@ -61,6 +61,7 @@ import re
 import signal
 import statistics
 import sys
+import time
 from pathlib import Path
 
 # bench_fwd sets FLA_FLASHQLA=0 (FLA's own kernels for the baseline) before flashqla loads.
@@ -308,6 +309,8 @@ def measure_row(shape, fla: Fla | None, timer: Timer) -> dict:
     dht = torch.randn(x["initial_state"].shape, device=dev, generator=gen)
     nan = (math.nan, "-")
     m = dict(bwd=nan, fla_bwd=nan, train=nan, fla_train=nan, train_fwd=nan, infer_fwd=nan, diffs={})
+    start = time.perf_counter()
+    fla_s = 0.0  # seconds in FLA's calls (its first ones compile and autotune)
 
     low = dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], scale=x["scale"],
                initial_state=x["initial_state"], do=do, dht=dht, cu_seqlens=x["cu_seqlens"],
@@ -320,6 +323,7 @@ def measure_row(shape, fla: Fla | None, timer: Timer) -> dict:
         m["bwd"] = timer("flashqla backward", ours_bwd)
         ours = timer.once("flashqla backward", ours_bwd) if not math.isnan(m["bwd"][0]) else None
         if fla is not None:
+            t = time.perf_counter()
             dtypes = {n: x[n].dtype for n in ("q", "k", "v", "g", "beta")}
             fla_bwd = timer.once("FLA backward", lambda: fla.backward(fla.saved(x), do, dht, dtypes))
             if fla_bwd is not None:
@@ -328,6 +332,7 @@ def measure_row(shape, fla: Fla | None, timer: Timer) -> dict:
                 if ours is not None and ref is not None:
                     m["diffs"] = rel_diffs(ours, ref)
                 del fla_bwd, ref
+            fla_s += time.perf_counter() - t
         del ours
 
     xt = dict(x)
@@ -336,10 +341,13 @@ def measure_row(shape, fla: Fla | None, timer: Timer) -> dict:
     m["train"] = timer("flashqla training step", training_step(flashqla.chunk_gated_delta_rule, xt, do, dht),
                        autograd=True)
     if fla is not None:
+        t = time.perf_counter()
         m["fla_train"] = timer("FLA training step", training_step(fla.autograd, xt, do, dht), autograd=True)
+        fla_s += time.perf_counter() - t
     m["train_fwd"] = timer("flashqla training forward", lambda: flashqla.chunk_gated_delta_rule(**xt), autograd=True)
     with torch.no_grad():
         m["infer_fwd"] = timer("flashqla inference forward", lambda: flashqla.chunk_gated_delta_rule(**x))
+    m["seconds"] = (time.perf_counter() - start, fla_s)
     return m
 
 
@@ -370,13 +378,16 @@ def result_row(r: dict, shape, m: dict) -> dict:
     return row
 
 
-def progress_line(i: int, n: int, row: dict) -> str:
+def progress_line(i: int, n: int, row: dict, seconds: tuple[float, float] | None = None) -> str:
+    """The row's figures; seconds: (the row's wall time, of which in FLA's calls)."""
     f = {k: num(v) for k, v in row.items()}
+    took = f" | {seconds[0]:.0f} s, FLA {seconds[1]:.0f} s" if seconds else ""
     return (f"[{i:>2}/{n}] {row['model']:>9} {row['seqlens']:>8} H={row['h_qk']:<2} HV={row['h_v']:<3} "
             f"bwd: flashqla {f['flashqla_ms']:7.3f} ms  FLA {f['fla_ms']:7.3f} ms  x{f['speedup_vs_fla']:5.2f} "
             f"(published x{f['published_best_speedup']:4.2f}) | step: flashqla {f['train_flashqla_ms']:7.3f} ms  "
             f"FLA {f['train_fla_ms']:7.3f} ms  x{f['train_speedup_vs_fla']:5.2f} | fwd train/infer "
-            f"{f['train_over_infer_fwd']:5.3f} | diff {f['rel_diff_vs_fla']:.1e} ({row['rel_diff_worst'] or '-'})")
+            f"{f['train_over_infer_fwd']:5.3f} | diff {f['rel_diff_vs_fla']:.1e} ({row['rel_diff_worst'] or '-'})"
+            f"{took}")
 
 
 # --- report ----------------------------------------------------------------------------------
@@ -528,12 +539,13 @@ def main(argv=None):
         for i, r in enumerate(anchors, 1):
             _check_stop()
             shape = row_shape(r)
-            row = result_row(r, shape, measure_row(shape, fla, timer))
+            m = measure_row(shape, fla, timer)
+            row = result_row(r, shape, m)
             table.add(row)
             measured += 1
             env["rows_measured"] = measured
             table.write_sidecar(env)
-            print(progress_line(i, len(anchors), row), flush=True)
+            print(progress_line(i, len(anchors), row, m["seconds"]), flush=True)
             torch.cuda.empty_cache()  # the row's graphs and their memory pools are gone
     except (Stopped, KeyboardInterrupt) as e:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
