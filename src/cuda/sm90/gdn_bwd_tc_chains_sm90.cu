@@ -1,23 +1,33 @@
 // The tensor-core backward, step 2 of 3: the two serial chains, one CTA each
 // per (sequence, value head, 32-column V tile), both directions in one launch
 // (blockIdx.y 0: the gradient chain, the longer, started first). Each keeps
-// its state slice in fp32 registers (warp w: key rows 16 w .. 16 w + 15) and
-// stores it in bf16 at every chunk for step 3:
+// its state slice in fp32 registers and stores it in bf16 at every chunk for
+// step 3:
 //   state      S entering each chunk:  Vd = U0 − W S,
 //              S' = e^{γ_L} S + K̂ᵀ diag(e^{γ_L − γ}) Vd
 //   gradient   dS leaving each chunk:  dVd = Z + diag(e^{γ_L − γ}) K̂ dS',
-//              dS = e^{γ_L} dS' + (scale diag(e^γ) Q̂)ᵀ dO − Wᵀ dVd
+//              dS = e^{γ_L} dS' + D − Wᵀ dVd,  D = (scale diag(e^γ) Q̂)ᵀ dO
 // and the gradient chain writes dS before the first chunk as d_initial_state.
 //
-// The chunk's tiles arrive by cp.async two chunks ahead (three stages), and k and
-// q are used as loaded: their l2norm factors (from step 1, with the gates) scale the
-// 64-row side instead, K̂ dS' = diag(r_k) (K dS') and
-// K̂ᵀ diag(b) Vd = Kᵀ diag(r_k b) Vd; the term that dominates dS takes q exact
-// and diag(scale e^γ r_q) dO as bf16 hi + lo (FLA keeps e^γ q in fp32; in one
-// bf16 rounding d_initial_state's error was 5× FLA's). Two barriers a chunk.
+// Warp-specialised: warps 4-7, the producer, prepare chunk ci + 1 while warps
+// 0-3, the chain, run chunk ci; they meet once a chunk (three stages: chunk
+// ci + 2's rows are in flight meanwhile).
+//   producer  copies each chunk's rows by cp.async two chunks ahead; for the
+//             gradient chain it forms D, the state-free term, and leaves it in
+//             the stage (over q's rows, in the chain warps' fragment order);
+//   chain     per chunk: the state slice to bf16 (shared memory and the
+//             workspace), the 64 x 32 product K dS' or W S, Vd or −dVd, then
+//             the state update: the chain's whole serial path.
+// k and q are used as loaded: their l2norm factors (BackwardArgs::rows, from
+// step 1 with the gates) scale the 64-row side instead, K̂ dS' = diag(r_k)(K dS')
+// and K̂ᵀ diag(b) Vd = Kᵀ diag(r_k b) Vd; D takes q exact and
+// diag(scale e^γ r_q) dO as bf16 hi + lo (FLA keeps e^γ q in fp32; in one
+// bf16 rounding d_initial_state's error was 5× FLA's).
 #include "cuda/sm90/gdn_bwd_tc_sm90.h"
 
 #include "cuda/sm90/gdn_bwd_tc/common.cuh"
+#include "cuda/sm90/warp_specialization.cuh"
+#include "cuda/sm90/warpgroup_mma.cuh"
 
 namespace flashqla::cuda {
 namespace {
@@ -25,29 +35,57 @@ namespace {
 using namespace bwd;
 
 constexpr int kThreads = 256;
-constexpr int kVt = 32;         // value columns a CTA
-constexpr int kLdVt = kVt + 8;  // 80-byte rows
+constexpr int kChainThreads = 128;  // warps 0-3; the producer is warps 4-7
+constexpr int kVt = 32;             // value columns a CTA
+constexpr int kLdVt = kVt + 8;      // 80-byte rows
 constexpr int kTiles = kDim / kVt;
-constexpr int kStages = 3;      // chunk ci's tiles are loaded from chunk ci − 2 on
+constexpr int kStages = 3;  // chunk ci in stage ci % 3; its rows are copied from chunk ci − 2 on
+constexpr int kDVecs = 8;   // D's float4s a thread (2 x 4 fragments of 4)
+
+// Tiles the chain's wgmmas read: k and W as [64 tokens][128 keys] in the
+// 128-byte swizzle (A operands: K-major for K dS' / W S, MN-major for
+// Wᵀ dVd / Kᵀ Vd), the state slice [128 keys][32 values] and Vd [64][32] in
+// core matrices (MN-major B operands).
+using WideTile = mma::Swizzled128Tile<bf16, kChunk>;
+using NarrowTile = mma::CoreTile<bf16, kVt>;
 
 // One chunk's inputs (q and dO: the gradient chain only).
 struct ChainStage {
-  bf16 k[kChunk * kLdWide], w[kChunk * kLdWide], q[kChunk * kLdWide];
+  bf16 k[kChunk * kDim], w[kChunk * kDim];  // WideTile each (1024-byte aligned)
+  union {
+    bf16 q[kChunk * kLdWide];          // q's rows, as loaded
+    float4 d[kDVecs * kChainThreads];  // then D: [vector][chain thread]
+  } qd;
   bf16 in[kChunk * kLdVt];   // U0 (state chain) or Z (gradient chain) columns
-  bf16 dos[kChunk * kLdVt];  // dO columns
+  bf16 dos[kChunk * kLdVt];  // dO columns, then diag(scale e^γ r_q) dO's hi part
   float4 rows[kChunk];       // BackwardArgs::rows; zero past the chunk's end
 };
+static_assert(sizeof(float4) * kDVecs * kChainThreads == sizeof(float) * kDim * kVt, "D: 128 x 32 fp32");
+static_assert(sizeof(ChainStage) % 1024 == 0, "each stage's swizzled tiles 1024-byte aligned");
 
 struct ChainSmem {
-  ChainStage stage[kStages];  // chunk ci in stage ci % kStages
-  bf16 st[kDim * kLdVt];     // the state slice in bf16: the B operand of W S / K dS'
-  bf16 vd[kChunk * kLdVt];   // diag(r_k b) Vd (state chain) or −dVd (gradient chain)
-  bf16 dhi[kChunk * kLdVt], dlo[kChunk * kLdVt];  // diag(scale e^γ r_q) dO, hi + lo
+  ChainStage stage[kStages];
+  bf16 dlo[kChunk * kLdVt];  // the producer's lo part of diag(scale e^γ r_q) dO
+  bf16 st[kDim * kVt];       // NarrowTile: the state slice in bf16, the B operand of W S / K dS'
+  bf16 vd[kChunk * kVt];     // NarrowTile: diag(r_k b) Vd (state chain) or −dVd (gradient chain)
 };
+constexpr size_t kSmemBytes = sizeof(ChainSmem) + 1024;  // room to align the base to 1024 bytes
+
+using ChainWarps = ws::NamedBarrier<1, 1, kChainThreads>;
+using ProducerWarps = ws::NamedBarrier<2, 1, kThreads - kChainThreads>;
+// Chunk ci's hand-over: its stage is ready (producer) and chunk ci − 1's stage
+// is free (chain). Both sides wait: the producer is never more than a chunk ahead.
+using HandOver = ws::NamedBarrier<3, 1, kThreads>;
+static_assert(ws::named_barriers_disjoint<ChainWarps, ProducerWarps, HandOver>(), "the chains' named barriers overlap");
+
+__device__ __forceinline__ int next_stage(int stage) { return stage == kStages - 1 ? 0 : stage + 1; }
 
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const BackwardArgs a) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  ChainSmem& s = *reinterpret_cast<ChainSmem*>(smem_raw);
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // The base aligned to 1024 bytes by an offset, so the compiler keeps shared
+  // addressing (LDS/STS, not generic loads and stores).
+  const uint32_t misaligned = mma::smem_addr(smem_raw) % 1024;
+  ChainSmem& s = *reinterpret_cast<ChainSmem*>(smem_raw + (misaligned ? 1024 - misaligned : 0));
   const ForwardArgs& f = a.f;
   const int64_t v0 = (int64_t(blockIdx.x) % kTiles) * kVt;
   const int64_t hv = (int64_t(blockIdx.x) / kTiles) % f.HV, n = int64_t(blockIdx.x) / kTiles / f.HV;
@@ -56,117 +94,193 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   const bool varlen = f.cu_seqlens != nullptr;
   const SequenceRange seq = sequence_range(f.cu_seqlens, f.cu_seqlens_int64, f.T, n);
   const int64_t n_chunks = (seq.eos - seq.bos + kChunk - 1) / kChunk;
-  const int tid = threadIdx.x, warp = tid / 32;
-  const Tile st{s.st, kLdVt}, vd{s.vd, kLdVt}, dhi{s.dhi, kLdVt}, dlo{s.dlo, kLdVt};
-  const int m0 = 16 * warp;
-  const bf16* const k_base = static_cast<const bf16*>(f.k) + seq.row * f.k_sb + h * f.k_sh;
-  const bf16* const q_base = static_cast<const bf16*>(f.q) + seq.row * f.q_sb + h * f.q_sh;
-  const bf16* const do_base = static_cast<const bf16*>(a.d_o) + seq.row * a.do_sb + hv * a.do_sh + v0;
-  const bf16* const w_base = reinterpret_cast<const bf16*>(a.w);
-  const bf16* const in_base = reinterpret_cast<const bf16*>(grad ? a.z : a.u0) + v0;
-
-  // Chunk ci of the chain's order (the gradient chain runs from the last).
+  const int tid = threadIdx.x, lane = tid % 32;
+  const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);  // uniform in ptxas's view
   auto chunk_at = [&](int64_t ci) { return grad ? n_chunks - 1 - ci : ci; };
-  const RowCopy<kThreads, kDim> wide;
-  const RowCopy<kThreads, kVt> narrow;
-  auto issue_loads = [&](int64_t ci, ChainStage& g) {
-    const int64_t t0 = seq.bos + chunk_at(ci) * kChunk;
-    const int L = int(min64(kChunk, seq.eos - t0));
-    const int64_t tok = token_index(seq.row, t0, f.T, hv, f.HV, kDim);
-    wide.issue(Tile{g.k, kLdWide}, k_base + t0 * f.k_st, f.k_st, L);
-    wide.issue(Tile{g.w, kLdWide}, w_base + tok, f.HV * kDim, L);
-    narrow.issue(Tile{g.in, kLdVt}, in_base + tok, f.HV * kDim, L);
-    if (tid < kChunk) {
-      const float4* const src = a.rows + tok / kDim;
-      copy_async_16(&g.rows[tid], tid < L ? src + tid * f.HV : src, tid < L);
-    }
-    if (grad) {
-      wide.issue(Tile{g.q, kLdWide}, q_base + t0 * f.q_st, f.q_st, L);
-      narrow.issue(Tile{g.dos, kLdVt}, do_base + t0 * a.do_st, a.do_st, L);
-    }
-  };
 
-  // The state slice: S from h0 (state chain) or dS from dht (gradient chain), zero without.
-  float S[1][4][4];
-  {
+  if (warp >= 4) {  // ---- producer ----
+    const int pt = tid - kChainThreads, pw = warp - 4;
+    const RowCopy<kThreads - kChainThreads, kDim> wide(pt);
+    const RowCopy<kThreads - kChainThreads, kVt> narrow(pt);
+    const bf16* const k_base = static_cast<const bf16*>(f.k) + seq.row * f.k_sb + h * f.k_sh;
+    const bf16* const q_base = static_cast<const bf16*>(f.q) + seq.row * f.q_sb + h * f.q_sh;
+    const bf16* const do_base = static_cast<const bf16*>(a.d_o) + seq.row * a.do_sb + hv * a.do_sh + v0;
+    const bf16* const w_base = reinterpret_cast<const bf16*>(a.w);
+    const bf16* const in_base = reinterpret_cast<const bf16*>(grad ? a.z : a.u0) + v0;
+    auto issue_loads = [&](int64_t ci, ChainStage& g) {
+      const int64_t t0 = seq.bos + chunk_at(ci) * kChunk;
+      const int L = int(min64(kChunk, seq.eos - t0));
+      const int64_t tok = token_index(seq.row, t0, f.T, hv, f.HV, kDim);
+      wide.issue(WideTile{g.k}, k_base + t0 * f.k_st, f.k_st, L);
+      wide.issue(WideTile{g.w}, w_base + tok, f.HV * kDim, L);
+      narrow.issue(Tile{g.in, kLdVt}, in_base + tok, f.HV * kDim, L);
+      if (pt < kChunk) {
+        const float4* const src = a.rows + tok / kDim;
+        copy_async_16(&g.rows[pt], pt < L ? src + pt * f.HV : src, pt < L);
+      }
+      if (grad) {
+        wide.issue(Tile{g.qd.q, kLdWide}, q_base + t0 * f.q_st, f.q_st, L);
+        narrow.issue(Tile{g.dos, kLdVt}, do_base + t0 * a.do_st, a.do_st, L);
+      }
+    };
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (i < n_chunks) issue_loads(i, s.stage[i]);
+      commit_async_copies();
+    }
+    int stage = 0;  // ci % kStages
+    for (int64_t ci = 0; ci < n_chunks; ++ci) {
+      ChainStage& g = s.stage[stage];
+      wait_async_copies_but<kStages - 2>();  // this thread's copies of chunk ci
+      if (grad) {
+        ProducerWarps::sync();  // everyone's copies of chunk ci
+        const Tile dhi{g.dos, kLdVt}, dlo{s.dlo, kLdVt}, q{g.qd.q, kLdWide};
+        for (int i = pt; i < kChunk * kVt / 2; i += kThreads - kChainThreads) {
+          const int r = i / (kVt / 2), col = 2 * (i % (kVt / 2));
+          const float sq = g.rows[r].y;  // zero past the chunk's end
+          const float2 x = Mma::unpack(*reinterpret_cast<const uint32_t*>(dhi.at(r, col)));
+          const uint32_t hi = Mma::pack(sq * x.x, sq * x.y);
+          const float2 h2 = Mma::unpack(hi);
+          *reinterpret_cast<uint32_t*>(dhi.at(r, col)) = hi;
+          store_pair(dlo, r, col, sq * x.x - h2.x, sq * x.y - h2.y);
+        }
+        ProducerWarps::sync();
+        // D's rows as the chain warpgroup's accumulators hold them: block b,
+        // rows 64 b + 16 w .. 64 b + 16 w + 15 (w the chain warp = pw).
+        float d[2][1][4][4];
+        zero(d[0]);
+        zero(d[1]);
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          warp_gemm<1, 4, true, false, kChunk / 16>(d[b], q, dhi, 64 * b + 16 * pw, 0, kChunk);
+          warp_gemm<1, 4, true, false, kChunk / 16>(d[b], q, dlo, 64 * b + 16 * pw, 0, kChunk);
+        }
+        ProducerWarps::sync();  // q read: D goes over it
+#pragma unroll
+        for (int b = 0; b < 2; ++b)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            g.qd.d[(4 * b + j) * kChainThreads + 32 * pw + lane] =
+                make_float4(d[b][0][j][0], d[b][0][j][1], d[b][0][j][2], d[b][0][j][3]);
+          }
+      }
+      wgmma::fence_shared_for_async();  // the stage's rows, seen by the chain's wgmmas
+      HandOver::sync_unaligned();
+      // Chunk ci + 2 into the stage chunk ci − 1 used: the chain is done with it.
+      if (ci + kStages - 1 < n_chunks) issue_loads(ci + kStages - 1, s.stage[stage == 0 ? kStages - 1 : stage - 1]);
+      commit_async_copies();
+      stage = next_stage(stage);
+    }
+    return;
+  }
+
+  // ---- chain: one warpgroup, the state slice in wgmma accumulators ----
+  // S[b][4 j + e]: key row 64 b + 16 w + g + 8 (e / 2), value column 8 j + 2 t + e % 2
+  // (w the warp, g = lane / 4, t = lane % 4).
+  const NarrowTile st{s.st}, vd{s.vd};
+  float S[2][16];
+  auto for_each_state = [&](auto f) {
+    const int g8 = lane / 4, t4 = lane % 4;
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          f(64 * b + 16 * warp + g8 + 8 * hh, 8 * j + 2 * t4, S[b][4 * j + 2 * hh], S[b][4 * j + 2 * hh + 1]);
+        }
+  };
+  {  // S from h0 (state chain) or dS from dht (gradient chain), zero without
     const void* src = grad ? a.dht : f.h0;
     const flashqla_dtype_t dtype = grad ? a.dht_dtype : f.h0_dtype;
     const int64_t sn = grad ? a.dht_sn : f.h0_sn, sh = grad ? a.dht_sh : f.h0_sh;
     const int64_t s2 = grad ? a.dht_s2 : f.h0_s2, s3 = grad ? a.dht_s3 : f.h0_s3;
-    for_each_pair(S, m0, 0, [&](int r, int c, float& x0, float& x1) {
+    for_each_state([&](int r, int c, float& x0, float& x1) {
       x0 = src ? load_float(src, dtype, state_offset(n, hv, r, v0 + c, sn, sh, s2, s3, f.state_v_first)) : 0.f;
       x1 = src ? load_float(src, dtype, state_offset(n, hv, r, v0 + c + 1, sn, sh, s2, s3, f.state_v_first)) : 0.f;
     });
   }
-  for (int i = 0; i < kStages - 1; ++i) {
-    if (i < n_chunks) issue_loads(i, s.stage[i]);
-    commit_async_copies();
-  }
-  int stage = 0;  // ci % kStages
   uint16_t* const states = grad ? a.dstates : a.states;
+  int stage = 0;
   for (int64_t ci = 0; ci < n_chunks; ++ci) {
     ChainStage& g = s.stage[stage];
     const int64_t c = chunk_at(ci);
-    const int64_t t0 = seq.bos + c * kChunk;
-    const int L = int(min64(kChunk, seq.eos - t0));
-    for_each_pair(S, m0, 0, [&](int r, int col, float& x0, float& x1) { store_pair(st, r, col, x0, x1); });
-    wait_async_copies_but<kStages - 2>();
-    __syncthreads();  // chunk ci's stage and the state in; chunk ci − 1's reads done
-    if (ci + kStages - 1 < n_chunks) issue_loads(ci + kStages - 1, s.stage[stage == 0 ? kStages - 1 : stage - 1]);
-    commit_async_copies();
+    for_each_state([&](int r, int col, float& x0, float& x1) { store_pair(st, r, col, x0, x1); });
+    wgmma::fence_shared_for_async();
+    HandOver::sync_unaligned();  // chunk ci's stage, and the state slice from every chain warp
     {  // the state slice to the workspace, 16 bytes a thread and step
       uint16_t* const gs = states + (chunk_slot(n, c, seq.bos, f.T, varlen) * f.HV + hv) * kDim * kDim + v0;
-      for (int i = tid; i < kDim * kVt / 8; i += kThreads) {
+#pragma unroll
+      for (int i = tid; i < kDim * kVt / 8; i += kChainThreads) {
         const int r = i / (kVt / 8), v = 8 * (i % (kVt / 8));
         *reinterpret_cast<uint4*>(gs + r * kDim + v) = *reinterpret_cast<const uint4*>(st.at(r, v));
       }
     }
-    const Tile k{g.k, kLdWide}, w{g.w, kLdWide}, q{g.q, kLdWide}, in{g.in, kLdVt}, dos{g.dos, kLdVt};
-    if (grad) {  // diag(scale e^γ r_q) dO as hi + lo
-      for (int i = tid; i < kChunk * kVt / 2; i += kThreads) {
-        const int r = i / (kVt / 2), col = 2 * (i % (kVt / 2));
-        const float sq = g.rows[r].y;  // zero past the chunk's end
-        const float2 d = Mma::unpack(*reinterpret_cast<const uint32_t*>(dos.at(r, col)));
-        const float x0 = sq * d.x, x1 = sq * d.y;
-        const uint32_t hi = Mma::pack(x0, x1);
-        const float2 h2 = Mma::unpack(hi);
-        *reinterpret_cast<uint32_t*>(dhi.at(r, col)) = hi;
-        store_pair(dlo, r, col, x0 - h2.x, x1 - h2.y);
+    const Tile in{g.in, kLdVt};
+    {  // the 64 x 32 chunk product K dS' or W S (m64n32, A K-major, B the state slice MN-major)
+      float y[16];
+#pragma unroll
+      for (int i = 0; i < 16; ++i) y[i] = 0.f;
+      const WideTile lhs{grad ? g.k : g.w};
+      wgmma::fence(y);
+#pragma unroll
+      for (int k0 = 0; k0 < kDim; k0 += 16) {
+        wgmma::mma_ss<bf16, kVt, wgmma::kK, wgmma::kMN>(wgmma::kmajor_desc(lhs, k0), wgmma::mnmajor_desc(st, k0), y);
       }
-    }
-    {  // the 64 x 32 chunk products K dS' or W S: rows 16 (warp % 4), columns 16 (warp / 4)
-      float acc[1][2][4];
-      zero(acc);
-      const int pm = 16 * (warp % 4), pn = 16 * (warp / 4);
-      const Tile lhs{grad ? g.k : g.w, kLdWide};
-      warp_gemm<1, 2, false, false, kDim / 16>(acc, lhs, st, pm, pn, kDim);
-      for_each_pair(acc, pm, pn, [&](int r, int col, float& x0, float& x1) {
-        const float2 base = Mma::unpack(*reinterpret_cast<const uint32_t*>(in.at(r, col)));
-        const float f0 = g.rows[r].x;  // e^{γ_L − γ} r_k, zero past the chunk's end
-        if (grad) {  // −dVd = −(Z + b r_k K dS')
-          store_pair(vd, r, col, -(base.x + f0 * x0), -(base.y + f0 * x1));
-        } else {  // r_k b (U0 − W S)
-          store_pair(vd, r, col, f0 * (base.x - x0), f0 * (base.y - x1));
+      wgmma::commit_and_wait(y);
+      const int g8 = lane / 4, t4 = lane % 4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = 16 * warp + g8 + 8 * hh, col = 8 * j + 2 * t4;
+          const float x0 = y[4 * j + 2 * hh], x1 = y[4 * j + 2 * hh + 1];
+          const float2 base = Mma::unpack(*reinterpret_cast<const uint32_t*>(in.at(r, col)));
+          const float f0 = g.rows[r].x;  // e^{γ_L − γ} r_k, zero past the chunk's end
+          if (grad) {  // −dVd = −(Z + b r_k K dS')
+            store_pair(vd, r, col, -(base.x + f0 * x0), -(base.y + f0 * x1));
+          } else {  // r_k b (U0 − W S)
+            store_pair(vd, r, col, f0 * (base.x - x0), f0 * (base.y - x1));
+          }
         }
-      });
     }
-    __syncthreads();  // vd and the dO halves in
+    wgmma::fence_shared_for_async();
+    ChainWarps::sync();  // vd in; st read
     const float el = g.rows[0].z;
-    stage = stage == kStages - 1 ? 0 : stage + 1;
-    for_each_pair(S, m0, 0, [&](int, int, float& x0, float& x1) {
-      x0 *= el;
-      x1 *= el;
-    });
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+#pragma unroll
+      for (int i = 0; i < 16; ++i) S[b][i] *= el;
     if (grad) {
-      warp_gemm<1, 4, true, false, kChunk / 16>(S, q, dhi, m0, 0, kChunk);
-      warp_gemm<1, 4, true, false, kChunk / 16>(S, q, dlo, m0, 0, kChunk);
-      warp_gemm<1, 4, true, false, kChunk / 16>(S, w, vd, m0, 0, kChunk);
-    } else {
-      warp_gemm<1, 4, true, false, kChunk / 16>(S, k, vd, m0, 0, kChunk);
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float4 dv = g.qd.d[(4 * b + j) * kChainThreads + tid];
+          S[b][4 * j + 0] += dv.x;
+          S[b][4 * j + 1] += dv.y;
+          S[b][4 * j + 2] += dv.z;
+          S[b][4 * j + 3] += dv.w;
+        }
     }
+    {  // S += Wᵀ (−dVd) or Kᵀ (r_k b Vd): two m64n32, A MN-major (the tile's keys), B vd MN-major
+      const WideTile upd{grad ? g.w : g.k};
+      wgmma::fence_operands(S[0]);
+      wgmma::fence(S[1]);
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int k0 = 0; k0 < kChunk; k0 += 16) {
+          wgmma::mma_ss<bf16, kVt, wgmma::kMN, wgmma::kMN>(wgmma::mnmajor_desc(upd, k0, 64 * b),
+                                                           wgmma::mnmajor_desc(vd, k0), S[b]);
+        }
+      wgmma::commit_and_wait();
+      wgmma::fence_operands(S[0]);
+      wgmma::fence_operands(S[1]);
+    }
+    stage = next_stage(stage);
   }
   if (grad && a.dh0 != nullptr) {
-    for_each_pair(S, m0, 0, [&](int r, int c, float& x0, float& x1) {
+    for_each_state([&](int r, int c, float& x0, float& x1) {
       store_float(a.dh0, a.dh0_dtype,
                   state_offset(n, hv, r, v0 + c, a.dh0_sn, a.dh0_sh, a.dh0_s2, a.dh0_s3, f.state_v_first), x0);
       store_float(a.dh0, a.dh0_dtype,
@@ -178,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
 }  // namespace
 
 cudaError_t launch_gdn_bwd_tc_chains(const BackwardArgs& args, cudaStream_t stream) {
-  const size_t smem = sizeof(ChainSmem);
+  const size_t smem = kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(gdn_bwd_tc_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;

@@ -18,6 +18,12 @@ struct NamedBarrier {
   __device__ __forceinline__ static void sync(int instance = 0) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(kFirst + instance), "r"(kThreads) : "memory");
   }
+  // Where the threads reach the barrier at different instructions (a producer's
+  // and a consumer's wait for one hand-over): bar.sync is barrier.sync.aligned,
+  // which PTX defines only for threads executing the same instruction.
+  __device__ __forceinline__ static void sync_unaligned(int instance = 0) {
+    asm volatile("barrier.sync %0, %1;\n" ::"r"(kFirst + instance), "r"(kThreads) : "memory");
+  }
   __device__ __forceinline__ static void arrive(int instance = 0) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(kFirst + instance), "r"(kThreads) : "memory");
   }

@@ -101,16 +101,18 @@ __device__ __forceinline__ void load_rows(const Tile& dst, const bf16* src, int6
   }
 }
 
-// The same copy for a loop over chunks: the thread's share of the rows and its
-// column are fixed at construction, so a chunk's copy costs a pointer step and
-// a predicate per 16 bytes. src points at the chunk's row 0, column 0.
+// The same copy for a loop over chunks by kThreads threads (thread: 0 ..
+// kThreads − 1): the thread's share of the rows and its column are fixed at
+// construction, so a chunk's copy costs a pointer step and a predicate per 16
+// bytes. src points at the chunk's row 0, column 0.
 template <int kThreads, int kCols>
 struct RowCopy {
   static constexpr int kVecs = kCols / 8, kRowsAPass = kThreads / kVecs, kPasses = kChunk / kRowsAPass;
   static_assert(kThreads % kVecs == 0 && kChunk % kRowsAPass == 0, "whole passes over the chunk's rows");
   int r0, c;
-  __device__ __forceinline__ RowCopy() : r0(int(threadIdx.x) / kVecs), c(8 * (int(threadIdx.x) % kVecs)) {}
-  __device__ __forceinline__ void issue(const Tile& dst, const bf16* src, int64_t stride, int L) const {
+  __device__ __forceinline__ explicit RowCopy(int thread) : r0(thread / kVecs), c(8 * (thread % kVecs)) {}
+  template <typename Dst>  // any tile whose at(r, c) is 16-byte aligned for c % 8 == 0
+  __device__ __forceinline__ void issue(const Dst& dst, const bf16* src, int64_t stride, int L) const {
     const bf16* p = src + r0 * stride + c;
 #pragma unroll
     for (int j = 0; j < kPasses; ++j) {
@@ -191,8 +193,8 @@ __device__ __forceinline__ void scale_rows(const Tile& t, int L, bool l2norm, Sc
 // kUnroll reduction steps are unrolled: two by default (fully unrolled, the
 // fragment loads of every step are hoisted and a 64 x 128 warp tile runs out of
 // registers); small tiles unroll fully, their addresses folded into the loads.
-template <int MT, int NT, bool kATrans, bool kBNK, int kUnroll = 2>
-__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const Tile& A, const Tile& B, int m0, int n0,
+template <int MT, int NT, bool kATrans, bool kBNK, int kUnroll = 2, typename TileA = Tile, typename TileB = Tile>
+__device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const TileA& A, const TileB& B, int m0, int n0,
                                           int kdim) {
   static_assert(NT % 2 == 0, "n-tiles come in pairs");
   const int lane = threadIdx.x % 32;
@@ -259,7 +261,8 @@ __device__ __forceinline__ void for_each_pair(float (&acc)[MT][NT][4], int m0, i
 }
 
 // Stores a pair as packed bf16 at tile (r, c).
-__device__ __forceinline__ void store_pair(const Tile& t, int r, int c, float x0, float x1) {
+template <typename TileT>
+__device__ __forceinline__ void store_pair(const TileT& t, int r, int c, float x0, float x1) {
   *reinterpret_cast<uint32_t*>(t.at(r, c)) = Mma::pack(x0, x1);
 }
 
