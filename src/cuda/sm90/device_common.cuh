@@ -80,6 +80,24 @@ __device__ __forceinline__ void store_float(void* p, flashqla_dtype_t dtype, int
   }
 }
 
+// Whether an output's adjacent elements i, i + 1 (i even) can go as one 32-bit
+// bf16 pair: bf16, the base 4-byte aligned and every stride even.
+__device__ __forceinline__ bool bf16_pairs(const void* p, flashqla_dtype_t dtype, int64_t s0, int64_t s1, int64_t s2) {
+  return dtype == FLASHQLA_DTYPE_BFLOAT16 && reinterpret_cast<uintptr_t>(p) % 4 == 0 && (s0 | s1 | s2) % 2 == 0;
+}
+
+// Elements i and i + 1 (i even): one packed store where pairs (bf16_pairs),
+// else two.
+__device__ __forceinline__ void store_float_pair(void* p, flashqla_dtype_t dtype, int64_t i, float x0, float x1,
+                                                 bool pairs) {
+  if (pairs) {
+    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p) + i) = __floats2bfloat162_rn(x0, x1);
+    return;
+  }
+  store_float(p, dtype, i, x0);
+  store_float(p, dtype, i + 1, x1);
+}
+
 __device__ __forceinline__ int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
 __device__ __forceinline__ int64_t max64(int64_t x, int64_t y) { return x > y ? x : y; }
 

@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       minv{s.minv, kLdHalf}, p{s.p, kLdHalf}, dosd{s.dosd, kLdHalf}, kst{s.kst, kLdHalf}, dqk{s.vt, kLdHalf}, dasym{s.ru, kLdHalf};
   // Warp tiles: 64 x 64 products at rows m0, columns n0; 64 x 128 at rows m0, columns n1.
   const int m0 = 16 * (warp % 4), n0 = 32 * part, n1 = 64 * part;
+  const bool dv_pairs = bf16_pairs(a.dv, a.dv_dtype, a.dv_sb, a.dv_st, a.dv_sh);
 
   load_rows<kThreads, kDim>(q, static_cast<const bf16*>(f.q) + cr.row * f.q_sb + cr.t0 * f.q_st + h * f.q_sh, f.q_st, L);
   load_rows<kThreads, kDim>(k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + h * f.k_sh, f.k_st, L);
@@ -81,12 +82,26 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
     });
   }
 
+  // A value head's M, and a half's S, dS' and dO: issued for the next value head
+  // as soon as the last half is done with them, so they load during the
+  // group's per-value-head tail.
+  auto issue_minv = [&](int64_t hv) {
+    const int64_t tok64 = token_index(cr.row, cr.t0, f.T, hv, f.HV, kChunk);
+    load_rows<kThreads, kChunk>(minv, reinterpret_cast<const bf16*>(a.minv) + tok64, f.HV * kChunk, L);
+  };
+  auto issue_half = [&](int64_t hv, int cv0) {
+    const uint16_t* const gs = a.states + (slot * f.HV + hv) * kDim * kDim + cv0;
+    const uint16_t* const gds = a.dstates + (slot * f.HV + hv) * kDim * kDim + cv0;
+    load_rows<kThreads, kHalf, kDim>(st, reinterpret_cast<const bf16*>(gs), kDim, kDim);
+    load_rows<kThreads, kHalf, kDim>(dst, reinterpret_cast<const bf16*>(gds), kDim, kDim);
+    load_rows<kThreads, kHalf>(
+        dos, static_cast<const bf16*>(a.d_o) + cr.row * a.do_sb + cr.t0 * a.do_st + hv * a.do_sh + cv0, a.do_st, L);
+  };
   float dq[1][8][4], dk[1][8][4];
   zero(dq);
   zero(dk);
+  issue_minv(h * f.group);
   for (int64_t hv = h * f.group; hv < (h + 1) * f.group; ++hv) {
-    const int64_t tok64 = token_index(cr.row, cr.t0, f.T, hv, f.HV, kChunk);
-    load_rows<kThreads, kChunk>(minv, reinterpret_cast<const bf16*>(a.minv) + tok64, f.HV * kChunk, L);
     float g = load_chunk_gates(f, cr, hv, s.beta);
     for (int i = tid; i < 2 * kChunk; i += kThreads) {
       (&s.row_udr[0][0])[i] = 0.f;
@@ -105,8 +120,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
     for (int i = tid; i < kChunk * kChunk / 2; i += kThreads) {
       const int r = i / (kChunk / 2), c = 2 * (i % (kChunk / 2));
       const bool row_in = r < L;
-      store_pair(p, r, c, row_in && c <= r ? f.scale * expf(s.gamma[r] - s.gamma[c]) * s.qk[r][c] : 0.f,
-                 row_in && c + 1 <= r ? f.scale * expf(s.gamma[r] - s.gamma[c + 1]) * s.qk[r][c + 1] : 0.f);
+      store_pair(p, r, c, row_in && c <= r ? f.scale * fast_exp(s.gamma[r] - s.gamma[c]) * s.qk[r][c] : 0.f,
+                 row_in && c + 1 <= r ? f.scale * fast_exp(s.gamma[r] - s.gamma[c + 1]) * s.qk[r][c + 1] : 0.f);
     }
 
     float dP[1][4][4], dA[1][4][4];
@@ -115,12 +130,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
     float sds = 0.f;  // this thread's share of <S, dS'>
     for (int half = 0; half < 2; ++half) {
       const int cv0 = kHalf * half;
-      const uint16_t* const gs = a.states + (slot * f.HV + hv) * kDim * kDim + cv0;
-      const uint16_t* const gds = a.dstates + (slot * f.HV + hv) * kDim * kDim + cv0;
-      load_rows<kThreads, kHalf, kDim>(st, reinterpret_cast<const bf16*>(gs), kDim, kDim);
-      load_rows<kThreads, kHalf, kDim>(dst, reinterpret_cast<const bf16*>(gds), kDim, kDim);
-      load_rows<kThreads, kHalf>(
-          dos, static_cast<const bf16*>(a.d_o) + cr.row * a.do_sb + cr.t0 * a.do_st + hv * a.do_sh + cv0, a.do_st, L);
+      if (half > 0 || hv == h * f.group) issue_half(hv, cv0);  // else issued during the last value head's tail
       load_rows<kThreads, kHalf>(
           vt, static_cast<const bf16*>(f.v) + cr.row * f.v_sb + cr.t0 * f.v_st + hv * f.v_sh + cv0, f.v_st, L);
       wait_async_copies();
@@ -137,10 +147,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
         const float2 y = Mma::unpack(*reinterpret_cast<const uint32_t*>(dst.at(r, c)));
         sds += x.x * y.x + x.y * y.y;
       }
-      // KS = K̂ S; U = V − e^γ KS; ru = β U
-      float ks[1][4][4];
+      // KS = K̂ S and Q̂ S in one pass; U = V − e^γ KS; ru = β U
+      float ks[1][4][4], qs[1][4][4];
       zero(ks);
-      warp_gemm<1, 4, false, false>(ks, k, st, m0, n0, kDim);
+      zero(qs);
+      warp_gemm_pair<4, false, false>(ks, k, qs, q, st, m0, n0, kDim);
       {
         const int lane = tid % 32, g8 = lane / 4, t4 = lane % 4;
 #pragma unroll
@@ -154,11 +165,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
             store_pair(kst, r, c, ks[0][nt][2 * hh], ks[0][nt][2 * hh + 1]);
           }
       }
-      __syncthreads();
       {  // (Q̂ S)_r · dOs_r toward dγ_r (times e^γ_r later)
-        float qs[1][4][4];
-        zero(qs);
-        warp_gemm<1, 4, false, false>(qs, q, st, m0, n0, kDim);
         float lo = 0.f, hi = 0.f;
         for_each_pair_at(qs, m0, n0, [&](int, int, int hh, int r, int c, float& x0, float& x1) {
           const float2 d = Mma::unpack(*reinterpret_cast<const uint32_t*>(dos.at(r, c)));
@@ -173,6 +180,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
         add_row(s.row_q, part, m0 + g8, lo);
         add_row(s.row_q, part, m0 + g8 + 8, hi);
       }
+      __syncthreads();
       {  // Vd = M ru
         float acc[1][4][4];
         zero(acc);
@@ -227,8 +235,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
             store_pair(dks, r, c, -s.eg[r] * s.beta[r] * d0, -s.eg[r] * s.beta[r] * d1);
             if (r < L) {
               const int64_t o = cr.row * a.dv_sb + (cr.t0 + r) * a.dv_st + hv * a.dv_sh + cv0 + c;
-              store_float(a.dv, a.dv_dtype, o, s.beta[r] * d0);
-              store_float(a.dv, a.dv_dtype, o + 1, s.beta[r] * d1);
+              store_float_pair(a.dv, a.dv_dtype, o, s.beta[r] * d0, s.beta[r] * d1, dv_pairs);
             }
           }
         add_row(s.row_udr, part, m0 + g, udr[0]);
@@ -237,20 +244,22 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
         add_row(s.row_ksdr, part, m0 + g + 8, ksdr[1]);
       }
       __syncthreads();
-      warp_gemm<1, 4, false, true>(dP, dos, vd, m0, n0, kHalf);
-      warp_gemm<1, 4, false, true>(dA, dr, vd, m0, n0, kHalf);
-      warp_gemm<1, 8, false, true>(dq, dosd, st, m0, n1, kHalf);
-      warp_gemm<1, 8, false, true>(dk, dks, st, m0, n1, kHalf);
+      warp_gemm_pair<4, false, true>(dP, dos, dA, dr, vd, m0, n0, kHalf);
+      warp_gemm_pair<8, false, true>(dq, dosd, dk, dks, st, m0, n1, kHalf);
       warp_gemm<1, 8, false, true>(dk, vdb, dst, m0, n1, kHalf);
       __syncthreads();
+    }
+    if (hv + 1 < (h + 1) * f.group) {
+      issue_minv(hv + 1);
+      issue_half(hv + 1, 0);
     }
 
     // dQK = Γ ⊙ dP (bf16), scratch = P ⊙ dP (strictly lower) for dγ.
     for_each_pair(dP, m0, n0, [&](int r, int c, float& x0, float& x1) {
       const bool row_in = r < L;
       // dP accumulated against dO: times scale here.
-      const float g0 = row_in && c <= r ? f.scale * expf(s.gamma[r] - s.gamma[c]) : 0.f;
-      const float g1 = row_in && c + 1 <= r ? f.scale * expf(s.gamma[r] - s.gamma[c + 1]) : 0.f;
+      const float g0 = row_in && c <= r ? f.scale * fast_exp(s.gamma[r] - s.gamma[c]) : 0.f;
+      const float g1 = row_in && c + 1 <= r ? f.scale * fast_exp(s.gamma[r] - s.gamma[c + 1]) : 0.f;
       store_pair(dqk, r, c, g0 * x0, g1 * x1);
       s.scratch[r][c] = c < r ? g0 * s.qk[r][c] * x0 : 0.f;
       s.scratch[r][c + 1] = c + 1 < r ? g1 * s.qk[r][c + 1] * x1 : 0.f;
@@ -264,19 +273,21 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       for (int i = 0; i < kThreads / 32; ++i) total += s.red[i];
       return total;
     }();
-    if (tid < kChunk) {  // P ⊙ dP: row sums minus column sums
-      const int t = tid;
+    {  // P ⊙ dP (zero outside the strict lower triangle): row sums minus column sums,
+       // four threads a row, each over 16 indices, summed in a fixed order
+      const int t = tid / 4, j0 = 16 * (tid % 4);
       float acc = 0.f;
-      for (int j = 0; j < t; ++j) acc += s.scratch[t][j];
-      for (int i = t + 1; i < L; ++i) acc -= s.scratch[i][t];
-      s.dgam[t] = acc;
+#pragma unroll
+      for (int j = j0; j < j0 + 16; ++j) acc += s.scratch[t][j] - s.scratch[j][t];
+      acc = quad_sum(acc);
+      if (tid % 4 == 0) s.dgam[t] = acc;
     }
     __syncthreads();
     // scratch = dA ⊙ Γ (strictly lower; dA = −dR Vdᵀ)
     for_each_pair(dA, m0, n0, [&](int r, int c, float& x0, float& x1) {
       const bool row_in = r < L;
-      s.scratch[r][c] = row_in && c < r ? -expf(s.gamma[r] - s.gamma[c]) * x0 : 0.f;
-      s.scratch[r][c + 1] = row_in && c + 1 < r ? -expf(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f;
+      s.scratch[r][c] = row_in && c < r ? -fast_exp(s.gamma[r] - s.gamma[c]) * x0 : 0.f;
+      s.scratch[r][c + 1] = row_in && c + 1 < r ? -fast_exp(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f;
     });
     __syncthreads();
     // dasym = β_i dAΓ_ij + β_j dAΓ_ji; dβ, dγ from dA ⊙ Γ ⊙ K̂K̂ᵀ and the row sums.
@@ -285,17 +296,26 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       store_pair(dasym, r, c, s.beta[r] * s.scratch[r][c] + s.beta[c] * s.scratch[c][r],
                  s.beta[r] * s.scratch[r][c + 1] + s.beta[c + 1] * s.scratch[c + 1][r]);
     }
-    if (tid < kChunk) {
-      const int t = tid;
+    {  // dA ⊙ Γ (zero outside the strict lower triangle and past L) ⊙ K̂K̂ᵀ by rows and
+       // columns, four threads a row as above
+      const int t = tid / 4, j0 = 16 * (tid % 4);
       float row = 0.f, col = 0.f;
-      for (int j = 0; j < t; ++j) row += s.scratch[t][j] * s.kk[t][j];
-      for (int i = t + 1; i < L; ++i) col += s.beta[i] * s.scratch[i][t] * s.kk[i][t];
-      const float udr = s.row_udr[0][t] + s.row_udr[1][t];
-      const float ksdr = s.row_ksdr[0][t] + s.row_ksdr[1][t];
-      const float xr = t < L - 1 ? s.row_x[0][t] + s.row_x[1][t] : 0.f;
-      s.dbet[t] = row + udr;
-      s.dgam[t] += s.beta[t] * row - col + f.scale * s.eg[t] * (s.row_q[0][t] + s.row_q[1][t]) - s.eg[t] * s.beta[t] * ksdr - xr;
-      s.row_x[0][t] = xr;  // kept for dγ_last
+#pragma unroll
+      for (int j = j0; j < j0 + 16; ++j) {
+        row += s.scratch[t][j] * s.kk[t][j];
+        col += s.beta[j] * s.scratch[j][t] * s.kk[j][t];
+      }
+      row = quad_sum(row);
+      col = quad_sum(col);
+      if (tid % 4 == 0) {
+        const float udr = s.row_udr[0][t] + s.row_udr[1][t];
+        const float ksdr = s.row_ksdr[0][t] + s.row_ksdr[1][t];
+        const float xr = t < L - 1 ? s.row_x[0][t] + s.row_x[1][t] : 0.f;
+        s.dbet[t] = row + udr;
+        s.dgam[t] += s.beta[t] * row - col + f.scale * s.eg[t] * (s.row_q[0][t] + s.row_q[1][t]) -
+                     s.eg[t] * s.beta[t] * ksdr - xr;
+        s.row_x[0][t] = xr;  // kept for dγ_last
+      }
     }
     __syncthreads();
     // dγ_last gets e^{γ_L} <S, dS'> and Σ x; then dg_t = Σ_{i ≥ t} dγ_i.
@@ -338,6 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
   }
   auto finish = [&](float(&d)[1][8][4], const Tile& raw, void* out, int64_t ob, int64_t ost, int64_t osh,
                     flashqla_dtype_t odt) {
+    const bool pairs = bf16_pairs(out, odt, ob, ost, osh);
     if (f.use_qk_l2norm) {
       for (int i = tid; i < 2 * kChunk; i += kThreads) {
         (&s.row_sq[0][0])[i] = 0.f;
@@ -373,8 +394,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
     for_each_pair(d, m0, n1, [&](int r, int c, float& x0, float& x1) {
       if (r < L) {
         const int64_t o = cr.row * ob + (cr.t0 + r) * ost + h * osh + c;
-        store_float(out, odt, o, x0);
-        store_float(out, odt, o + 1, x1);
+        store_float_pair(out, odt, o, x0, x1, pairs);
       }
     });
   };

@@ -226,6 +226,40 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const TileA& 
   }
 }
 
+// Two products of one B in one pass: acc1 += A1 · B and acc2 += A2 · B (as
+// warp_gemm). B's fragments are loaded once, and the two accumulators' mma
+// chains interleave (twice the independent mma a step for a latency-bound warp).
+template <int NT, bool kATrans, bool kBNK, int kUnroll = 2>
+__device__ __forceinline__ void warp_gemm_pair(float (&acc1)[1][NT][4], const Tile& A1, float (&acc2)[1][NT][4],
+                                               const Tile& A2, const Tile& B, int m0, int n0, int kdim) {
+  static_assert(NT % 2 == 0, "n-tiles come in pairs");
+  const int lane = threadIdx.x % 32;
+#pragma unroll kUnroll
+  for (int k0 = 0; k0 < kdim; k0 += 16) {
+    uint32_t a1[4], a2[4];
+    if constexpr (kATrans) {
+      mma::load_a_trans(a1, A1, m0, k0, lane);
+      mma::load_a_trans(a2, A2, m0, k0, lane);
+    } else {
+      mma::load_a(a1, A1, m0, k0, lane);
+      mma::load_a(a2, A2, m0, k0, lane);
+    }
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t b[4];
+      if constexpr (kBNK) {
+        mma::load_b_nk(b, B, n0 + 16 * np, k0, lane);
+      } else {
+        mma::load_b_kn(b, B, k0, n0 + 16 * np, lane);
+      }
+      Mma::run(acc1[0][2 * np], a1, b[0], b[1]);
+      Mma::run(acc2[0][2 * np], a2, b[0], b[1]);
+      Mma::run(acc1[0][2 * np + 1], a1, b[2], b[3]);
+      Mma::run(acc2[0][2 * np + 1], a2, b[2], b[3]);
+    }
+  }
+}
+
 template <int MT, int NT>
 __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
 #pragma unroll
@@ -273,6 +307,14 @@ __device__ __forceinline__ void store_pair(uint16_t* p, float x0, float x1) {
 
 // Sums a per-row value over the 4 lanes of a quad (the lanes holding one
 // fragment row).
+// e^x on the SFU (ex2.approx, relative error about 2^-22): for the in-chunk
+// decay factors e^{γ_r − γ_c}, which meet bf16 operands or fp32 sums of them.
+__device__ __forceinline__ float fast_exp(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
+}
+
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   x += __shfl_xor_sync(0xffffffffu, x, 2);
