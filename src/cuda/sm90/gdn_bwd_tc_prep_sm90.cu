@@ -119,12 +119,11 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_tc_prep_kernel(const Back
   {
     float kk[1][4][4];
     zero(kk);
-    warp_gemm<1, 4, false, true>(kk, k, k, pm0, pn0, kDim);
-    warp_gemm<1, 4, false, true>(qk, q, k, pm0, pn0, kDim);
+    warp_gemm_pair<4, false, true>(kk, k, qk, q, k, pm0, pn0, kDim);
     for_each_pair(kk, pm0, pn0, [&](int r, int c, float& x0, float& x1) {
       const bool row_in = r < L;
-      s.r1.a[r][c] = row_in && c < r ? s.beta[r] * expf(s.gamma[r] - s.gamma[c]) * x0 : 0.f;
-      s.r1.a[r][c + 1] = row_in && c + 1 < r ? s.beta[r] * expf(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f;
+      s.r1.a[r][c] = row_in && c < r ? s.beta[r] * fast_exp(s.gamma[r] - s.gamma[c]) * x0 : 0.f;
+      s.r1.a[r][c + 1] = row_in && c + 1 < r ? s.beta[r] * fast_exp(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f;
     });
   }
   for (int i = tid; i < kChunk * kChunk; i += kThreads) s.minv[i / kChunk][i % kChunk] = i / kChunk == i % kChunk;
@@ -141,8 +140,8 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_tc_prep_kernel(const Back
   // A and t are dead: M in bf16 over A, scale P over t.
   for_each_pair(qk, pm0, pn0, [&](int r, int c, float& x0, float& x1) {
     const bool row_in = r < L;
-    store_pair(p, r, c, row_in && c <= r ? f.scale * expf(s.gamma[r] - s.gamma[c]) * x0 : 0.f,
-               row_in && c + 1 <= r ? f.scale * expf(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f);
+    store_pair(p, r, c, row_in && c <= r ? f.scale * fast_exp(s.gamma[r] - s.gamma[c]) * x0 : 0.f,
+               row_in && c + 1 <= r ? f.scale * fast_exp(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f);
   });
   for (int i = tid; i < kChunk * kChunk / 2; i += kThreads) {
     const int r = i / (kChunk / 2), c = 2 * (i % (kChunk / 2));
@@ -160,16 +159,12 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_tc_prep_kernel(const Back
     });
   };
   {
-    float acc[1][8][4];
-    zero(acc);
-    warp_gemm<1, 8, false, false>(acc, mb, k, m0, n0, kChunk);
-    store_rows(a.w, acc);
-  }
-  {
-    float acc[1][8][4];
-    zero(acc);
-    warp_gemm<1, 8, false, false>(acc, mb, vb, m0, n0, kChunk);
-    store_rows(a.u0, acc);
+    float w[1][8][4], u0[1][8][4];
+    zero(w);
+    zero(u0);
+    warp_gemm_shared_a<8>(w, k, u0, vb, mb, m0, n0, kChunk);
+    store_rows(a.w, w);
+    store_rows(a.u0, u0);
   }
   {
     float acc[1][8][4];
