@@ -2,6 +2,12 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "test_support.h"
 
 namespace flashqla_test {
 
@@ -11,6 +17,65 @@ inline bool have_cuda_device() {
   const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
   (void)cudaGetLastError();
   return ok;
+}
+
+// A device copy of a host tensor (same strides, same dtype).
+struct DeviceTensor {
+  void* ptr = nullptr;
+  flashqla_tensor_t desc{};
+  explicit DeviceTensor(const HostTensor& h) {
+    desc = h.desc;
+    const size_t bytes = h.bytes.size();
+    if (bytes == 0) return;
+    EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(ptr, h.bytes.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    desc.data = ptr;
+  }
+  DeviceTensor(const DeviceTensor&) = delete;
+  DeviceTensor& operator=(const DeviceTensor&) = delete;
+  ~DeviceTensor() {
+    if (ptr) cudaFree(ptr);
+  }
+};
+
+// Device memory of the size a workspace query reported (none for 0 bytes).
+struct DeviceWorkspace {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  explicit DeviceWorkspace(size_t n) : bytes(n) {
+    if (n > 0) {
+      EXPECT_EQ(cudaMalloc(&ptr, n), cudaSuccess);
+    }
+  }
+  DeviceWorkspace(const DeviceWorkspace&) = delete;
+  DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;
+  ~DeviceWorkspace() {
+    if (ptr) cudaFree(ptr);
+  }
+};
+
+// Fills a device buffer with 0xFF bytes: NaN in bf16, fp16 and fp32, so an
+// element the kernel does not write fails the comparison.
+inline void poison(const DeviceTensor& t, size_t bytes) {
+  if (t.ptr) {
+    ASSERT_EQ(cudaMemset(t.ptr, 0xFF, bytes), cudaSuccess);
+  }
+}
+
+inline std::vector<unsigned char> download(const DeviceTensor& t, size_t bytes) {
+  std::vector<unsigned char> out(bytes);
+  if (t.ptr) {
+    EXPECT_EQ(cudaMemcpy(out.data(), t.ptr, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+  return out;
+}
+
+// A host tensor's layout holding bytes downloaded from its device copy.
+inline HostTensor with_bytes(const HostTensor& layout, std::vector<unsigned char> bytes) {
+  HostTensor t = layout;
+  t.bytes = std::move(bytes);
+  t.desc.data = t.bytes.empty() ? nullptr : t.bytes.data();
+  return t;
 }
 
 }  // namespace flashqla_test

@@ -23,25 +23,6 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// A device copy of a host tensor (same strides, same dtype).
-struct DeviceTensor {
-  void* ptr = nullptr;
-  flashqla_tensor_t desc{};
-  explicit DeviceTensor(const HostTensor& h) {
-    desc = h.desc;
-    const size_t bytes = h.bytes.size();
-    if (bytes == 0) return;
-    EXPECT_EQ(cudaMalloc(&ptr, bytes), cudaSuccess);
-    EXPECT_EQ(cudaMemcpy(ptr, h.bytes.data(), bytes, cudaMemcpyHostToDevice), cudaSuccess);
-    desc.data = ptr;
-  }
-  DeviceTensor(const DeviceTensor&) = delete;
-  DeviceTensor& operator=(const DeviceTensor&) = delete;
-  ~DeviceTensor() {
-    if (ptr) cudaFree(ptr);
-  }
-};
-
 class CudaBackend : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -232,22 +213,6 @@ std::string expected_kernel(const GpuFwdConfig& f) {
   return f.fused && !simple_forced ? "sm90_fused" : "sm90_simple";
 }
 
-// Fills a device buffer with 0xFF bytes: NaN in bf16, fp16 and fp32, so an
-// element the kernel does not write fails the comparison.
-void poison(const DeviceTensor& t, size_t bytes) {
-  if (t.ptr) {
-    ASSERT_EQ(cudaMemset(t.ptr, 0xFF, bytes), cudaSuccess);
-  }
-}
-
-std::vector<unsigned char> download(const DeviceTensor& t, size_t bytes) {
-  std::vector<unsigned char> out(bytes);
-  if (t.ptr) {
-    EXPECT_EQ(cudaMemcpy(out.data(), t.ptr, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
-  }
-  return out;
-}
-
 // A GPU suite's case from its config's common fields (fp32 gates and states).
 template <typename Config>
 GdnCase gpu_case(const Config& f) {
@@ -268,22 +233,6 @@ GdnCase gpu_case(const Config& f) {
   c.row_pad = f.row_pad;
   return c;
 }
-
-// Device memory of the size a workspace query reported (none for 0 bytes).
-struct DeviceWorkspace {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceWorkspace(size_t n) : bytes(n) {
-    if (n > 0) {
-      EXPECT_EQ(cudaMalloc(&ptr, n), cudaSuccess);
-    }
-  }
-  DeviceWorkspace(const DeviceWorkspace&) = delete;
-  DeviceWorkspace& operator=(const DeviceWorkspace&) = delete;
-  ~DeviceWorkspace() {
-    if (ptr) cudaFree(ptr);
-  }
-};
 
 class GpuForward : public ::testing::TestWithParam<GpuFwdConfig> {
  protected:
