@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "test_support.h"
@@ -77,5 +78,12 @@ inline HostTensor with_bytes(const HostTensor& layout, std::vector<unsigned char
   t.desc.data = t.bytes.empty() ? nullptr : t.bytes.data();
   return t;
 }
+
+// One call on the CUDA backend with the case's inputs copied to the device and
+// its outputs poisoned with NaN there, then downloaded into the case's host
+// tensors (c.o and c.ht, or c.dq .. c.dh0), so they hold what the GPU wrote.
+// A failed call is a test failure naming `what` and the library's message.
+void run_forward_on_device(GdnCase& c, const std::string& what);
+void run_backward_on_device(GdnCase& c, const std::string& what);
 
 }  // namespace flashqla_test
