@@ -4,7 +4,7 @@
 
 namespace flashqla_test {
 
-void run_forward_on_device(GdnCase& c, const std::string& what) {
+void run_forward_on_device(GdnCase& c, const std::string& what, cudaStream_t stream) {
   HostTensor* host[] = {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.h0, &c.o, &c.ht, &c.cu};
   std::vector<std::unique_ptr<DeviceTensor>> dev;
   for (HostTensor* t : host) dev.emplace_back(std::make_unique<DeviceTensor>(*t));
@@ -21,15 +21,16 @@ void run_forward_on_device(GdnCase& c, const std::string& what) {
   const DeviceWorkspace workspace(ws_bytes);
   p.workspace = workspace.ptr;
   p.workspace_bytes = workspace.bytes;
-  poison(*dev[6], c.o.bytes.size());
-  poison(*dev[7], c.ht.bytes.size());
+  p.stream = stream;
+  poison(*dev[6], c.o.bytes.size(), stream);
+  poison(*dev[7], c.ht.bytes.size(), stream);
   ASSERT_EQ(flashqla_gdn_fwd(&p), FLASHQLA_STATUS_SUCCESS) << what << ": " << flashqla_last_error_message();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess) << what;
   c.o = with_bytes(c.o, download(*dev[6], c.o.bytes.size()));
   c.ht = with_bytes(c.ht, download(*dev[7], c.ht.bytes.size()));
 }
 
-void run_backward_on_device(GdnCase& c, const std::string& what) {
+void run_backward_on_device(GdnCase& c, const std::string& what, cudaStream_t stream) {
   HostTensor* host[] = {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.h0, &c.cu, &c.d_o, &c.dht,
                         &c.dq, &c.dk, &c.dv, &c.dg, &c.dbeta, &c.dh0};
   constexpr size_t kFirstOutput = 9;
@@ -50,9 +51,10 @@ void run_backward_on_device(GdnCase& c, const std::string& what) {
   const DeviceWorkspace workspace(ws_bytes);
   p.fwd.workspace = workspace.ptr;
   p.fwd.workspace_bytes = workspace.bytes;
-  for (size_t i = kFirstOutput; i < dev.size(); ++i) poison(*dev[i], host[i]->bytes.size());
+  p.fwd.stream = stream;
+  for (size_t i = kFirstOutput; i < dev.size(); ++i) poison(*dev[i], host[i]->bytes.size(), stream);
   ASSERT_EQ(flashqla_gdn_bwd(&p), FLASHQLA_STATUS_SUCCESS) << what << ": " << flashqla_last_error_message();
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess) << what;
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess) << what;
   for (size_t i = kFirstOutput; i < dev.size(); ++i) {
     *host[i] = with_bytes(*host[i], download(*dev[i], host[i]->bytes.size()));
   }

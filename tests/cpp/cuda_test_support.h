@@ -56,10 +56,10 @@ struct DeviceWorkspace {
 };
 
 // Fills a device buffer with 0xFF bytes: NaN in bf16, fp16 and fp32, so an
-// element the kernel does not write fails the comparison.
-inline void poison(const DeviceTensor& t, size_t bytes) {
+// element the kernel does not write fails the comparison. Ordered on `stream`.
+inline void poison(const DeviceTensor& t, size_t bytes, cudaStream_t stream = nullptr) {
   if (t.ptr) {
-    ASSERT_EQ(cudaMemset(t.ptr, 0xFF, bytes), cudaSuccess);
+    ASSERT_EQ(cudaMemsetAsync(t.ptr, 0xFF, bytes, stream), cudaSuccess);
   }
 }
 
@@ -83,7 +83,9 @@ inline HostTensor with_bytes(const HostTensor& layout, std::vector<unsigned char
 // its outputs poisoned with NaN there, then downloaded into the case's host
 // tensors (c.o and c.ht, or c.dq .. c.dh0), so they hold what the GPU wrote.
 // A failed call is a test failure naming `what` and the library's message.
-void run_forward_on_device(GdnCase& c, const std::string& what);
-void run_backward_on_device(GdnCase& c, const std::string& what);
+// `stream` (default: the legacy default stream) carries the call, its copies
+// and its wait.
+void run_forward_on_device(GdnCase& c, const std::string& what, cudaStream_t stream = nullptr);
+void run_backward_on_device(GdnCase& c, const std::string& what, cudaStream_t stream = nullptr);
 
 }  // namespace flashqla_test
