@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,26 @@ inline HostTensor with_bytes(const HostTensor& layout, std::vector<unsigned char
   t.desc.data = t.bytes.empty() ? nullptr : t.bytes.data();
   return t;
 }
+
+// A forward call's tensors copied to the device and its params over them
+// (backend AUTO, absent optional tensors left out, no workspace or stream yet).
+struct DeviceForwardCall {
+  std::vector<std::unique_ptr<DeviceTensor>> dev;  // q, k, v, g, beta, h0, o, final state, cu_seqlens
+  flashqla_gdn_fwd_params_t p{};
+  explicit DeviceForwardCall(GdnCase& c);
+  const DeviceTensor& o() const { return *dev[6]; }
+  const DeviceTensor& ht() const { return *dev[7]; }
+};
+
+// The same for a backward call.
+struct DeviceBackwardCall {
+  static constexpr size_t kFirstOutput = 9;  // dev[9..14]: dq, dk, dv, dg, dbeta, dh0
+  std::vector<HostTensor*> host;  // the case's tensors, in dev's order
+  // q, k, v, g, beta, h0, cu_seqlens, d_o, d_final_state, then the gradients
+  std::vector<std::unique_ptr<DeviceTensor>> dev;
+  flashqla_gdn_bwd_params_t p{};
+  explicit DeviceBackwardCall(GdnCase& c);
+};
 
 // One call on the CUDA backend with the case's inputs copied to the device and
 // its outputs poisoned with NaN there, then downloaded into the case's host

@@ -7,7 +7,6 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -85,14 +84,8 @@ TEST_F(GpuConcurrency, ForwardCapturedOnANonDefaultStreamReplays) {
   GdnCase direct = c;
   run_forward_on_device(direct, "direct");
 
-  std::vector<std::unique_ptr<DeviceTensor>> dev;
-  for (HostTensor* t : {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.h0, &c.o, &c.ht, &c.cu})
-    dev.emplace_back(std::make_unique<DeviceTensor>(*t));
-  flashqla_gdn_fwd_params_t p = c.fwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
-  p.backend = FLASHQLA_BACKEND_AUTO;
-  flashqla_tensor_t* slots[] = {&p.q, &p.k, &p.v, &p.g, &p.beta, &p.initial_state, &p.o, &p.final_state,
-                                &p.cu_seqlens};
-  for (size_t i = 0; i < dev.size(); ++i) *slots[i] = dev[i]->desc;
+  DeviceForwardCall call(c);
+  flashqla_gdn_fwd_params_t& p = call.p;
   // The host copy of cu_seqlens: planning reads no device memory during capture.
   std::vector<int32_t> cu_host(c.cu_seqlens.begin(), c.cu_seqlens.end());
   p.cu_seqlens_host = cu_host.data();
@@ -113,12 +106,12 @@ TEST_F(GpuConcurrency, ForwardCapturedOnANonDefaultStreamReplays) {
   cudaGraphExec_t exec;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   for (int replay = 0; replay < 2; ++replay) {
-    poison(*dev[6], c.o.bytes.size(), stream);
-    poison(*dev[7], c.ht.bytes.size(), stream);
+    poison(call.o(), c.o.bytes.size(), stream);
+    poison(call.ht(), c.ht.bytes.size(), stream);
     ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
     ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    EXPECT_EQ(download(*dev[6], c.o.bytes.size()), direct.o.bytes) << "o, replay " << replay;
-    EXPECT_EQ(download(*dev[7], c.ht.bytes.size()), direct.ht.bytes) << "final state, replay " << replay;
+    EXPECT_EQ(download(call.o(), c.o.bytes.size()), direct.o.bytes) << "o, replay " << replay;
+    EXPECT_EQ(download(call.ht(), c.ht.bytes.size()), direct.ht.bytes) << "final state, replay " << replay;
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

@@ -254,16 +254,9 @@ TEST_P(GpuForward, MatchesCpuOracle) {
   flashqla_gdn_fwd_params_t rp = ref.fwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
   ASSERT_EQ(flashqla_gdn_fwd(&rp), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
 
-  std::vector<std::unique_ptr<DeviceTensor>> dev;
-  for (HostTensor* t : {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.h0, &c.o, &c.ht, &c.cu})
-    dev.emplace_back(std::make_unique<DeviceTensor>(*t));
-  flashqla_gdn_fwd_params_t p = c.fwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
-  p.backend = FLASHQLA_BACKEND_AUTO;
-  flashqla_tensor_t* slots[] = {&p.q, &p.k, &p.v, &p.g, &p.beta, &p.initial_state, &p.o, &p.final_state,
-                                &p.cu_seqlens};
-  for (size_t i = 0; i < dev.size(); ++i) *slots[i] = dev[i]->desc;
-  if (!f.h0) p.initial_state = flashqla_tensor_t{};
-  if (f.cu_seqlens.empty()) p.cu_seqlens = flashqla_tensor_t{};
+  DeviceForwardCall call(c);
+  const std::vector<std::unique_ptr<DeviceTensor>>& dev = call.dev;
+  flashqla_gdn_fwd_params_t& p = call.p;
   const ScopedEnv sequence_parallel("FLASHQLA_SEQUENCE_PARALLEL", f.sequence_parallel);
   const ScopedEnv piece_chunks("FLASHQLA_PIECE_CHUNKS", f.piece_chunks);
 
@@ -484,19 +477,9 @@ TEST_P(GpuBackward, MatchesCpuOracle) {
   flashqla_gdn_bwd_params_t rp = ref.bwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
   ASSERT_EQ(flashqla_gdn_bwd(&rp), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
 
-  HostTensor* host[] = {&c.q, &c.k, &c.v, &c.g, &c.beta, &c.h0, &c.cu, &c.d_o, &c.dht,
-                        &c.dq, &c.dk, &c.dv, &c.dg, &c.dbeta, &c.dh0};
-  std::vector<std::unique_ptr<DeviceTensor>> dev;
-  for (HostTensor* t : host) dev.emplace_back(std::make_unique<DeviceTensor>(*t));
-  flashqla_gdn_bwd_params_t p = c.bwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
-  p.fwd.backend = FLASHQLA_BACKEND_AUTO;
-  flashqla_tensor_t* slots[] = {&p.fwd.q, &p.fwd.k, &p.fwd.v, &p.fwd.g, &p.fwd.beta, &p.fwd.initial_state,
-                                &p.fwd.cu_seqlens, &p.d_o, &p.d_final_state, &p.dq, &p.dk, &p.dv, &p.dg,
-                                &p.dbeta, &p.d_initial_state};
-  for (size_t i = 0; i < dev.size(); ++i) *slots[i] = dev[i]->desc;
-  if (!f.h0) p.fwd.initial_state = p.d_initial_state = flashqla_tensor_t{};
-  if (!f.dht) p.d_final_state = flashqla_tensor_t{};
-  if (f.cu_seqlens.empty()) p.fwd.cu_seqlens = flashqla_tensor_t{};
+  DeviceBackwardCall call(c);
+  const std::vector<std::unique_ptr<DeviceTensor>>& dev = call.dev;
+  flashqla_gdn_bwd_params_t& p = call.p;
 
   size_t ws_bytes = 0;
   ASSERT_EQ(flashqla_gdn_bwd_workspace_size(&p, &ws_bytes), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
