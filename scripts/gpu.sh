@@ -72,11 +72,13 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       shows a version correct.
       Default $OUT: /tmp/flashqla-compare.
   sanitize
-      compute-sanitizer memcheck, racecheck and synccheck over the backward
-      kernels on small shapes (the C++ GPU suite's backward cases: memcheck on
-      packed sequences with empty ones, odd head sizes, strided views, l2norm
-      and GQA; racecheck and synccheck, far slower, on two short ones).
-      `check` runs it after the C++ suite. Default $OUT: /tmp/flashqla-sanitize.
+      compute-sanitizer memcheck, initcheck, racecheck and synccheck over every
+      kernel on small shapes (cases of the C++ GPU suites: the backward's
+      tensor-core and simple kernels; the forward's fused and simple kernels,
+      piece passes with the piece scan, chained pieces). memcheck and initcheck
+      on packed sequences with empty ones, odd head sizes, strided views, l2norm
+      and GQA; racecheck and synccheck, far slower, on short ones. `check` runs
+      it after the C++ suite. Default $OUT: /tmp/flashqla-sanitize.
   ncu [--shape N] [VERSION-DIR]
       Nsight Compute profile of the fused kernel (first launch of the timing
       tool; shape 0: one sequence of 8192 tokens, 2 (NCU_SHAPE=2): 256 chains at
@@ -478,19 +480,25 @@ cmd_sanitize() {
   [[ -x "${build}/tests/flashqla_tests" ]] || fq_gpu_configure_and_build "${build}" "${out}"
   local sanitizer
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-  local case_prefix=Cuda/GpuBackward.MatchesCpuOracle
-  local wide="${case_prefix}/varlen_with_empty:${case_prefix}/K100_V200:${case_prefix}/strided_views"
-  wide+=":${case_prefix}/l2norm_in_kernel:${case_prefix}/gqa3"
-  local short="${case_prefix}/len1:${case_prefix}/len65"
+  # Cases of the C++ GPU suites that reach every kernel: the backward's (tensor
+  # cores and simple), and the forward's fused kernel, simple kernel, piece
+  # passes with the piece scan, and chained pieces. memcheck and initcheck take
+  # the wider list; racecheck and synccheck, far slower, the short one.
+  local bwd=Cuda/GpuBackward.MatchesCpuOracle fwd=Cuda/GpuForward.MatchesCpuOracle
+  local wide="${bwd}/varlen_with_empty:${bwd}/K100_V200:${bwd}/strided_views:${bwd}/l2norm_in_kernel:${bwd}/gqa3"
+  wide+=":${fwd}/len65:${fwd}/varlen_with_empty:${fwd}/K100_V200:${fwd}/piece_passes_varlen_with_empty"
+  wide+=":${fwd}/chained_pieces_varlen_with_empty:${fwd}/l2norm_in_kernel"
+  local short="${bwd}/len1:${bwd}/len65:${fwd}/len65:${fwd}/K64_V64:${fwd}/piece_passes_varlen_with_empty"
+  short+=":${fwd}/chained_pieces_varlen_with_empty"
   local tool filter rc status=0 verdicts=()
-  for tool in memcheck racecheck synccheck; do
+  for tool in memcheck initcheck racecheck synccheck; do
     filter=${short}
-    [[ ${tool} == memcheck ]] && filter=${wide}
+    [[ ${tool} == memcheck || ${tool} == initcheck ]] && filter=${wide}
     "${sanitizer}" --tool "${tool}" --error-exitcode 9 "${build}/tests/flashqla_tests" --gtest_filter="${filter}" \
       > "${out}/sanitize-${tool}.log" 2>&1
     rc=$?
-    # memcheck and synccheck end with "ERROR SUMMARY: 0 errors", racecheck with
-    # "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)".
+    # memcheck, initcheck and synccheck end with "ERROR SUMMARY: 0 errors",
+    # racecheck with "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)".
     if [[ ${rc} -eq 0 ]] && grep -qE "(ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards displayed \(0 errors, 0 warnings\))" \
          "${out}/sanitize-${tool}.log" && ! grep -q "FAILED" "${out}/sanitize-${tool}.log"; then
       verdicts+=("${tool} clean")
@@ -500,7 +508,7 @@ cmd_sanitize() {
       tail -n 30 "${out}/sanitize-${tool}.log"
     fi
   done
-  echo "sanitizers on the backward kernels: ${verdicts[*]}"
+  echo "sanitizers on the forward and backward kernels: ${verdicts[*]}"
   return ${status}
 }
 
