@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <sstream>
 
@@ -155,6 +156,11 @@ FuzzCase fuzz_case(uint64_t seed, FuzzTarget target) {
   if (std::isfinite(f.beta_value)) d << " beta=" << f.beta_value;
   f.description = d.str();
   return f;
+}
+
+int64_t fuzz_case_count(const char* name, int64_t fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? std::atoll(v) : fallback;
 }
 
 std::vector<WorstError> fuzz_outputs() {

@@ -30,6 +30,10 @@ struct FuzzCase {
 
 FuzzCase fuzz_case(uint64_t seed, FuzzTarget target);
 
+// How many cases a run checks: the environment variable `name` when set, else
+// `fallback`.
+int64_t fuzz_case_count(const char* name, int64_t fallback);
+
 // The worst error seen so far for one output, with the case that made it.
 struct WorstError {
   std::string output;

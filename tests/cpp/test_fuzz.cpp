@@ -5,7 +5,6 @@
 // cases; each output's worst error is printed with the seed that made it.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -14,11 +13,6 @@
 
 namespace flashqla_test {
 namespace {
-
-int64_t env_count(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? std::atoll(v) : fallback;
-}
 
 struct Outputs {
   std::vector<double> o, ht, dq, dk, dv, dg, dbeta, dh0;
@@ -44,7 +38,7 @@ Outputs run_cpu(FuzzCase& f, flashqla_cpu_algorithm_t algo) {
 }
 
 TEST(Fuzz, CpuChunkedMatchesRecurrent) {
-  const int64_t cases = env_count("FLASHQLA_FUZZ_CPU_CASES", 200);
+  const int64_t cases = fuzz_case_count("FLASHQLA_FUZZ_CPU_CASES", 200);
   const double tol = 1e-9;
   std::vector<WorstError> worst = fuzz_outputs();
   for (int64_t seed = 1; seed <= cases; ++seed) {

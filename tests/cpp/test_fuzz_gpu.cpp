@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -20,11 +19,6 @@ namespace flashqla_test {
 namespace {
 
 constexpr int kShards = 10;
-
-int64_t total_cases() {
-  const char* v = std::getenv("FLASHQLA_FUZZ_GPU_CASES");
-  return v != nullptr && *v != '\0' ? std::atoll(v) : 500;
-}
 
 // The suites' tolerances: bf16 and fp16 (o, states and gradients; dg looser),
 // fp32 inputs tighter.
@@ -59,7 +53,7 @@ class GpuFuzz : public ::testing::TestWithParam<int> {
 
 TEST_P(GpuFuzz, MatchesCpuOracle) {
   const int shard = GetParam();
-  const int64_t total = total_cases(), per = (total + kShards - 1) / kShards;
+  const int64_t total = fuzz_case_count("FLASHQLA_FUZZ_GPU_CASES", 500), per = (total + kShards - 1) / kShards;
   std::vector<WorstError> worst = fuzz_outputs();
   int64_t ran = 0;
   for (int64_t seed = 1 + shard * per; seed <= std::min(total, (shard + 1) * per); ++seed, ++ran) {
