@@ -207,15 +207,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
     for_each_state([&](int r, int col, float& x0, float& x1) { store_pair(st, r, col, x0, x1); });
     wgmma::fence_shared_for_async();
     HandOver::sync_unaligned();  // chunk ci's stage, and the state slice from every chain warp
-    {  // the state slice to the workspace, 16 bytes a thread and step
-      uint16_t* const gs = states + (chunk_slot(n, c, seq.bos, f.T, varlen) * f.HV + hv) * kDim * kDim + v0;
-#pragma unroll
-      for (int i = tid; i < kDim * kVt / 8; i += kChainThreads) {
-        const int r = i / (kVt / 8), v = 8 * (i % (kVt / 8));
-        *reinterpret_cast<uint4*>(gs + r * kDim + v) = *reinterpret_cast<const uint4*>(st.at(r, v));
-      }
-    }
     const Tile in{g.in, kLdVt};
+    float el;
+    float4 dvec[kDVecs];  // D's rows of this thread (gradient chain)
     {  // the 64 x 32 chunk product K dS' or W S (m64n32, A K-major, B the state slice MN-major)
       float y[16];
 #pragma unroll
@@ -226,42 +220,63 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
       for (int k0 = 0; k0 < kDim; k0 += 16) {
         wgmma::mma_ss<bf16, kVt, wgmma::kK, wgmma::kMN>(wgmma::kmajor_desc(lhs, k0), wgmma::mnmajor_desc(st, k0), y);
       }
-      wgmma::commit_and_wait(y);
+      wgmma::commit();
+      // While it runs, what does not need it: the state slice to the workspace
+      // (16 bytes a thread and step), and this thread's e^{γ_L}, D, U0 / Z pairs
+      // and row factors from the stage into registers. (S itself waits: ptxas
+      // holds registers a wgmma once wrote until no wgmma is in flight.)
+      {
+        uint16_t* const gs = states + (chunk_slot(n, c, seq.bos, f.T, varlen) * f.HV + hv) * kDim * kDim + v0;
+#pragma unroll
+        for (int i = tid; i < kDim * kVt / 8; i += kChainThreads) {
+          const int r = i / (kVt / 8), v = 8 * (i % (kVt / 8));
+          *reinterpret_cast<uint4*>(gs + r * kDim + v) = *reinterpret_cast<const uint4*>(st.at(r, v));
+        }
+      }
+      el = g.rows[0].z;
+      if (grad) {
+#pragma unroll
+        for (int i = 0; i < kDVecs; ++i) dvec[i] = g.qd.d[i * kChainThreads + tid];
+      }
       const int g8 = lane / 4, t4 = lane % 4;
+      uint32_t base[4][2];
+      float f0[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = 16 * warp + g8 + 8 * hh;
+        f0[hh] = g.rows[r].x;  // e^{γ_L − γ} r_k, zero past the chunk's end
+#pragma unroll
+        for (int j = 0; j < 4; ++j) base[j][hh] = *reinterpret_cast<const uint32_t*>(in.at(r, 8 * j + 2 * t4));
+      }
+      wgmma::wait<0>();
+      wgmma::fence_operands(y);
 #pragma unroll
       for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = 16 * warp + g8 + 8 * hh, col = 8 * j + 2 * t4;
           const float x0 = y[4 * j + 2 * hh], x1 = y[4 * j + 2 * hh + 1];
-          const float2 base = Mma::unpack(*reinterpret_cast<const uint32_t*>(in.at(r, col)));
-          const float f0 = g.rows[r].x;  // e^{γ_L − γ} r_k, zero past the chunk's end
+          const float2 in2 = Mma::unpack(base[j][hh]);
           if (grad) {  // −dVd = −(Z + b r_k K dS')
-            store_pair(vd, r, col, -(base.x + f0 * x0), -(base.y + f0 * x1));
+            store_pair(vd, r, col, -(in2.x + f0[hh] * x0), -(in2.y + f0[hh] * x1));
           } else {  // r_k b (U0 − W S)
-            store_pair(vd, r, col, f0 * (base.x - x0), f0 * (base.y - x1));
+            store_pair(vd, r, col, f0[hh] * (in2.x - x0), f0[hh] * (in2.y - x1));
           }
         }
     }
     wgmma::fence_shared_for_async();
-    ChainWarps::sync();  // vd in; st read
-    const float el = g.rows[0].z;
+    // S' = e^{γ_L} S (+ D), before the other chain warps' Vd is in.
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
-      for (int i = 0; i < 16; ++i) S[b][i] *= el;
-    if (grad) {
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float4 dv = g.qd.d[(4 * b + j) * kChainThreads + tid];
-          S[b][4 * j + 0] += dv.x;
-          S[b][4 * j + 1] += dv.y;
-          S[b][4 * j + 2] += dv.z;
-          S[b][4 * j + 3] += dv.w;
-        }
-    }
+      for (int j = 0; j < 4; ++j) {
+        const float4 dv = grad ? dvec[4 * b + j] : make_float4(0.f, 0.f, 0.f, 0.f);
+        S[b][4 * j + 0] = el * S[b][4 * j + 0] + dv.x;
+        S[b][4 * j + 1] = el * S[b][4 * j + 1] + dv.y;
+        S[b][4 * j + 2] = el * S[b][4 * j + 2] + dv.z;
+        S[b][4 * j + 3] = el * S[b][4 * j + 3] + dv.w;
+      }
+    ChainWarps::sync();  // vd in; st read
     {  // S += Wᵀ (−dVd) or Kᵀ (r_k b Vd): two m64n32, A MN-major (the tile's keys), B vd MN-major
       const WideTile upd{grad ? g.w : g.k};
       wgmma::fence_operands(S[0]);
