@@ -100,7 +100,7 @@ void activate_beta(flashqla_beta_activation_t act, const double* raw, int64_t L,
       const double s = sigmoid(raw[t]);
       const double mult = act == FLASHQLA_BETA_SIGMOID_X2 ? 2.0 : 1.0;
       beta[t] = mult * s;
-      dbeta_draw[t] = mult * s * (1.0 - s);
+      dbeta_draw[t] = mult * s * sigmoid(-raw[t]);  // not s (1 − s): 1 − s rounds to 0 for raw ≳ 37
     }
   }
 }

@@ -7,6 +7,7 @@
 // Skips where no CUDA device exists.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -21,11 +22,36 @@ namespace {
 constexpr int kShards = 10;
 
 // The suites' tolerances: bf16 and fp16 (o, states and gradients; dg looser),
-// fp32 inputs tighter.
-double tolerance(flashqla_dtype_t dtype, const std::string& output) {
-  if (dtype == FLASHQLA_DTYPE_FLOAT32) return 2e-4;
+// fp32 inputs tighter. Where every step is a reflection (β = 2 through
+// sigmoid_x2, no decay: I − 2 k kᵀ with unit k, when l2-normalised) nothing
+// contracts, so each chunk's 16-bit roundings last to the sequence's end instead
+// of fading: FLA's own kernels measure 1.0e-2 to 1.9e-2 there on 1000-token
+// sequences, flashqla no more (test_gpu_backward.py,
+// test_error_no_worse_than_fla[reflections]); that regime gets 0.025 (dg 0.05).
+double tolerance(const FuzzCase& f, const std::string& output) {
+  const GdnCase& c = f.c;
+  if (c.dtype == FLASHQLA_DTYPE_FLOAT32) return 2e-4;
+  const bool reflections = f.g_value == 0.0 && c.beta_act == FLASHQLA_BETA_SIGMOID_X2 && f.beta_value == 20.0;
+  if (reflections) return output == "dg" ? 0.05 : 0.025;
   if (output == "o" || output == "ht") return 0.005;
   return output == "dg" ? 0.02 : 0.008;
+}
+
+// rel_error, with the reference's norm floored at the output dtype's smallest
+// normal per element: an fp16 output whose true values lie below fp16's range
+// (dg with g = −30: terms of e^−30) holds zeros or subnormals, which no kernel
+// can improve on; anything larger than that range still counts in full.
+double output_error(const HostTensor& got, const HostTensor& ref) {
+  const std::vector<double> a = got.to_vector(), b = ref.to_vector();
+  const double e = rel_error(a, b);
+  if (got.dtype != FLASHQLA_DTYPE_FLOAT16 || a.empty() || !std::isfinite(e)) return e;
+  double diff2 = 0.0, ref2 = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff2 += (a[i] - b[i]) * (a[i] - b[i]);
+    ref2 += b[i] * b[i];
+  }
+  const double floor2 = double(a.size()) * 6.103515625e-05 * 6.103515625e-05;  // fp16's smallest normal
+  return std::sqrt(diff2 / std::max(ref2, floor2));
 }
 
 // One case's forward and backward on the GPU against `ref`'s fp64 outputs.
@@ -38,9 +64,9 @@ void check_case(FuzzCase& f, const GdnCase& ref, std::vector<WorstError>& worst)
   for (size_t i = 0; i < worst.size(); ++i) {
     WorstError& w = worst[i];
     if (w.output == "dh0" && !c.with_h0) continue;
-    const double e = rel_error(got[i]->to_vector(), expected[i]->to_vector());
+    const double e = output_error(*got[i], *expected[i]);
     w.update(e, f);
-    EXPECT_LE(e, tolerance(c.dtype, w.output)) << f.description << ": " << w.output;
+    EXPECT_LE(e, tolerance(f, w.output)) << f.description << ": " << w.output;
   }
 }
 

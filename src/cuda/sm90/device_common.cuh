@@ -125,6 +125,16 @@ __device__ __forceinline__ float activate_beta(float b, int activation) {
   return activation == FLASHQLA_BETA_IDENTITY ? b : activation == FLASHQLA_BETA_SIGMOID_X2 ? 2.f * s : s;
 }
 
+// d activate_beta / d b. The sigmoid's derivative as σ(b) σ(−b), each factor
+// from its own exponential: σ(b) (1 − σ(b)) loses 1 − σ(b) to rounding once
+// σ(b) rounds to 1 (b ≳ 17 in fp32), and returns 0 for a gradient that is
+// small but not zero.
+__device__ __forceinline__ float activate_beta_grad(float b, int activation) {
+  if (activation == FLASHQLA_BETA_IDENTITY) return 1.f;
+  const float d = 1.f / ((1.f + expf(-b)) * (1.f + expf(b)));
+  return activation == FLASHQLA_BETA_SIGMOID_X2 ? 2.f * d : d;
+}
+
 // Offset of state element (key x, value c) of sequence n, value head hv, in a
 // [N, HV, K, V] (or, v_first, [N, HV, V, K]) tensor with the given strides.
 __device__ __forceinline__ int64_t state_offset(int64_t n, int64_t hv, int64_t x, int64_t c, int64_t sn,

@@ -539,8 +539,7 @@ __global__ void __launch_bounds__(kFinishWarps * 32) gdn_bwd_simple_finish_kerne
     }
     const float raw = load_float(f.beta, f.beta_dtype, row * f.beta_sb + t * f.beta_st + hv);
     if (f.beta_activation != FLASHQLA_BETA_IDENTITY) {
-      const float sg = 1.f / (1.f + expf(-raw));
-      db *= (f.beta_activation == FLASHQLA_BETA_SIGMOID_X2 ? 2.f : 1.f) * sg * (1.f - sg);
+      db *= activate_beta_grad(raw, f.beta_activation);
     }
     store_float(a.dbeta, a.dbeta_dtype, row * a.dbeta_sb + t * a.dbeta_st + hv, db);
     store_float(a.dg, a.dg_dtype, row * a.dg_sb + t * a.dg_st + hv, dg);
