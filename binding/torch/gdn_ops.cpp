@@ -3,6 +3,9 @@
 // tensors into C API params. It computes nothing and compiles no CUDA.
 //
 //   flashqla::gdn_fwd  -> (o, final_state)
+//   flashqla::gdn_fwd_pooled -> (): the serving entry, o into the caller's tensor,
+//                                   the state pool read at state_indices and
+//                                   written back there in place
 //   flashqla::gdn_bwd  -> (dq, dk, dv, dg, dbeta, dh0)
 //   flashqla::gdn_fwd_kernel_choice -> (kernel, pieces, piece_chunks, lengths_guessed,
 //                                       workspace_bytes, reason): what gdn_fwd with the
@@ -316,6 +319,40 @@ std::tuple<Tensor, Tensor> gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tenso
   return {o, final_state};
 }
 
+// The serving entry: each sequence starts from its slot of `state_pool`
+// ([slots, HV, K, V] or, state_v_first, [slots, HV, V, K]; fp32, bf16 or any
+// float) at state_indices ([N] int32 / int64; negative: from zero, nothing
+// written), o goes into `o` ([B, T, HV, V]), and with write_back every final
+// state into its slot, in place. Nothing is copied: the pool and o must have a
+// unit last stride.
+void gdn_fwd_pooled(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, double scale, Tensor state_pool,
+                    Tensor state_indices, std::optional<Tensor> cu_seqlens, std::optional<Tensor> cu_seqlens_cpu,
+                    Tensor o, bool write_back, bool state_v_first, bool use_qk_l2norm, int64_t beta_activation) {
+  if (state_pool.dim() != 4 || state_pool.stride(3) != 1) {
+    raise_invalid("state_pool: must be 4-d with a unit last stride (it is updated in place, never copied)");
+  }
+  if (o.dim() != 4 || o.stride(3) != 1) {
+    raise_invalid("output: must be 4-d with a unit last stride (it is written in place, never copied)");
+  }
+  if (state_indices.dim() != 1 || !state_indices.is_contiguous()) {
+    raise_invalid("state_indices: must be a contiguous 1-d tensor of one slot per sequence");
+  }
+  std::optional<Tensor> pool = state_pool;
+  flashqla_gdn_fwd_params_t p = common_params(q, k, v, g, beta, scale, pool, cu_seqlens, cu_seqlens_cpu,
+                                              state_v_first, use_qk_l2norm, beta_activation);
+  const int64_t N = cu_seqlens.has_value() ? p.N : p.B;
+  expect_shape(state_indices, "state_indices", {N});
+  expect_shape(o, "output", {p.B, p.T, p.HV, p.V});
+  p.state_indices = describe(state_indices, "state_indices", 1);
+  p.o = describe(o, "output", 4);
+  if (write_back) {
+    p.final_state = p.initial_state;
+    p.output_final_state = 1;
+  }
+  std::optional<Tensor> ws = attach_workspace(p, p, q, flashqla_gdn_fwd_workspace_size);
+  check(flashqla_gdn_fwd(&p));
+}
+
 // What gdn_fwd with the same arguments runs: the C API's kernel choice over the
 // tensors gdn_fwd would hand it (inputs it would copy and the outputs it would
 // allocate judged as those fresh contiguous tensors), without running anything,
@@ -393,6 +430,10 @@ STABLE_TORCH_LIBRARY(flashqla, m) {
       "bool output_final_state, bool state_v_first, bool use_qk_l2norm, int beta_activation) "
       "-> (Tensor o, Tensor final_state)");
   m.def(
+      "gdn_fwd_pooled(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
+      "Tensor(a!) state_pool, Tensor state_indices, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, "
+      "Tensor(b!) o, bool write_back, bool state_v_first, bool use_qk_l2norm, int beta_activation) -> ()");
+  m.def(
       "gdn_bwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
       "Tensor? initial_state, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, Tensor do, "
       "Tensor? dht, bool state_v_first, bool use_qk_l2norm, int beta_activation) "
@@ -408,12 +449,14 @@ STABLE_TORCH_LIBRARY(flashqla, m) {
 // where the tensors live.
 STABLE_TORCH_LIBRARY_IMPL(flashqla, CPU, m) {
   m.impl("gdn_fwd", TORCH_BOX(&gdn_fwd));
+  m.impl("gdn_fwd_pooled", TORCH_BOX(&gdn_fwd_pooled));
   m.impl("gdn_bwd", TORCH_BOX(&gdn_bwd));
   m.impl("gdn_fwd_kernel_choice", TORCH_BOX(&gdn_fwd_kernel_choice));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
   m.impl("gdn_fwd", TORCH_BOX(&gdn_fwd));
+  m.impl("gdn_fwd_pooled", TORCH_BOX(&gdn_fwd_pooled));
   m.impl("gdn_bwd", TORCH_BOX(&gdn_bwd));
   m.impl("gdn_fwd_kernel_choice", TORCH_BOX(&gdn_fwd_kernel_choice));
 }

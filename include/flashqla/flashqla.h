@@ -159,7 +159,8 @@ typedef struct flashqla_gdn_fwd_params_t {
   flashqla_tensor_t g;    /* [B,T,HV]   natural-log decay per token; any float */
   flashqla_tensor_t beta; /* [B,T,HV]   see beta_activation; any float */
   /* Optional [N,HV,K,V] (or [N,HV,V,K] with state_v_first), any float dtype,
-   * read as fp32 or better. initial_state_n must equal N when given. */
+   * read as fp32 or better. initial_state_n must equal N when given (the
+   * pool's slots with state_indices, below). */
   flashqla_tensor_t initial_state;
   int64_t initial_state_n;
   /* Optional [N+1] int32 or int64, in the memory the backend computes on. */
@@ -168,6 +169,21 @@ typedef struct flashqla_gdn_fwd_params_t {
    * entries). When given, its contents are validated on the host and no
    * device read of cu_seqlens is needed for planning or checks. */
   const void* cu_seqlens_host;
+  /* Serving: optional [N] int32 or int64 slot indices, in the memory the
+   * backend computes on. When given, initial_state and final_state are state
+   * pools of initial_state_n rows ("slots": [slots,HV,K,V], or [slots,HV,V,K]
+   * with state_v_first; the two may be the same tensor, for an update in
+   * place): sequence n starts from initial_state[state_indices[n]] and, with
+   * output_final_state, writes its final state to final_state[
+   * state_indices[n]]. A negative index starts the sequence from zero and
+   * writes nothing. The non-negative indices must be distinct and below
+   * initial_state_n; checked on the host where the host can read them (CPU
+   * backend, or state_indices_host given), otherwise an index >= initial_state_n
+   * is taken as negative. initial_state is required (the pool), and so is
+   * final_state with output_final_state. Forward only. */
+  flashqla_tensor_t state_indices;
+  /* Optional host copy of state_indices (same dtype, N entries). */
+  const void* state_indices_host;
 
   /* --- outputs ---------------------------------------------------------- */
   flashqla_tensor_t o; /* [B,T,HV,V] any float dtype (normally q's) */

@@ -20,6 +20,7 @@ from .gated_delta_rule import (
     chunk_gated_delta_rule_fwd,
     kernel_choice,
 )
+from .serving import chunk_gated_delta_rule_pooled
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,7 @@ __all__ = [
     "chunk_gated_delta_rule",
     "chunk_gated_delta_rule_fwd",
     "chunk_gated_delta_rule_bwd",
+    "chunk_gated_delta_rule_pooled",
     "kernel_choice",
     "KernelChoice",
     "__version__",

@@ -22,6 +22,9 @@ BETA_SIGMOID = 1
 BETA_SIGMOID_X2 = 2
 
 gdn_fwd = torch.ops.flashqla.gdn_fwd.default
+# (q, k, v, g, beta, scale, state_pool!, state_indices, cu_seqlens, cu_seqlens_cpu, o!, write_back,
+# state_v_first, use_qk_l2norm, beta_activation) -> (): the serving entry (flashqla/serving.py).
+gdn_fwd_pooled = torch.ops.flashqla.gdn_fwd_pooled.default
 gdn_bwd = torch.ops.flashqla.gdn_bwd.default
 # (q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
 # state_v_first, use_qk_l2norm, beta_activation) -> (kernel, pieces, piece_chunks,
@@ -50,6 +53,12 @@ def _gdn_fwd_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens
     o = q.new_empty((B, T, HV, V))
     shape = _state_shape(q, v, _num_sequences(q, cu_seqlens), state_v_first) if output_final_state else (0,)
     return o, q.new_empty(shape, dtype=_state_dtype(q))
+
+
+@torch.library.register_fake("flashqla::gdn_fwd_pooled")
+def _gdn_fwd_pooled_fake(q, k, v, g, beta, scale, state_pool, state_indices, cu_seqlens, cu_seqlens_cpu, o,
+                         write_back, state_v_first, use_qk_l2norm, beta_activation):
+    return None  # writes state_pool and o in place (the schema's (a!) and (b!))
 
 
 @torch.library.register_fake("flashqla::gdn_bwd")

@@ -18,6 +18,13 @@ struct Problem {
   bool varlen = false;
   bool has_initial_state = false;
   bool output_final_state = false;
+  // Serving: initial_state / final_state are pools of pool_slots rows, read
+  // and written at state_indices[n] (negative: zero start, no write).
+  bool pooled = false;
+  int64_t pool_slots = 0;
+  // The slot indices when readable on the host (CPU backend, or a host copy
+  // was given); empty otherwise.
+  std::vector<int64_t> state_indices_host;
   flashqla_backend_t backend = FLASHQLA_BACKEND_CPU;
   // Sequence boundaries when they are readable on the host (CPU backend, or a
   // host copy of cu_seqlens was given): token offsets of the N + 1 boundaries

@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/memory_kind.h"
 #include "core/sequences.h"
+#include "core/state_pool.h"
 
 namespace flashqla {
 namespace {
@@ -70,20 +71,23 @@ void check_enums(const flashqla_gdn_fwd_params_t& p, const char* entry) {
                    p.scale);
 }
 
+// A 1-d index tensor (cu_seqlens, state_indices): int32 or int64, contiguous.
+void check_index_tensor(const flashqla_tensor_t& t, const char* entry, const char* name) {
+  if (!is_index_dtype(t.dtype)) {
+    fail(FLASHQLA_STATUS_NOT_SUPPORTED, str(entry, ": ", name, ": unsupported dtype ", dtype_name(t.dtype), " (",
+                                            int(t.dtype), "); expected int32 or int64"));
+  }
+  FLASHQLA_REQUIRE(t.stride[0] == 1, entry, ": ", name, ".stride[0]: must be contiguous (stride 1), got ",
+                   t.stride[0]);
+}
+
 // Resolves the sequence count and checks cu_seqlens' shape and dtype.
 void check_sequences(const flashqla_gdn_fwd_params_t& p, const char* entry, Problem& pr) {
   pr.varlen = p.cu_seqlens.data != nullptr;
   if (pr.varlen) {
     FLASHQLA_REQUIRE(p.B == 1, entry, ": B: must be 1 when cu_seqlens is given (sequences are "
                      "packed into one batch row), got B = ", p.B);
-    if (!is_index_dtype(p.cu_seqlens.dtype)) {
-      fail(FLASHQLA_STATUS_NOT_SUPPORTED,
-           str(entry, ": cu_seqlens: unsupported dtype ", dtype_name(p.cu_seqlens.dtype), " (",
-               int(p.cu_seqlens.dtype), "); expected int32 or int64"));
-    }
-    FLASHQLA_REQUIRE(p.cu_seqlens.stride[0] == 1, entry,
-                     ": cu_seqlens.stride[0]: must be contiguous (stride 1), got ",
-                     p.cu_seqlens.stride[0]);
+    check_index_tensor(p.cu_seqlens, entry, "cu_seqlens");
     FLASHQLA_REQUIRE(p.N >= 1, entry, ": N: must be >= 1 with cu_seqlens (cu_seqlens has N + 1 "
                      "entries), got ", p.N);
     pr.N = p.N;
@@ -107,9 +111,23 @@ void check_forward_tensors(const flashqla_gdn_fwd_params_t& p, const char* entry
   if (!as_backward) check_float_tensor(entry, {"o", &p.o, 4}, tokens);
 
   pr.has_initial_state = p.initial_state.data != nullptr;
+  pr.pooled = p.state_indices.data != nullptr;
+  if (pr.pooled) {
+    FLASHQLA_REQUIRE(!as_backward, entry, ": state_indices: the state-pool entry is forward only; "
+                     "the backward takes one initial state per sequence");
+    check_index_tensor(p.state_indices, entry, "state_indices");
+    FLASHQLA_REQUIRE(pr.has_initial_state, entry,
+                     ": state_indices: given without initial_state, the state pool it indexes");
+    FLASHQLA_REQUIRE(p.initial_state_n >= 1, entry, ": initial_state_n: the state pool's slot count "
+                     "must be >= 1, got ", p.initial_state_n);
+    pr.pool_slots = p.initial_state_n;
+  } else {
+    FLASHQLA_REQUIRE(p.state_indices_host == nullptr, entry,
+                     ": state_indices_host: given without state_indices");
+  }
   if (pr.has_initial_state) {
     check_float_tensor(entry, {"initial_state", &p.initial_state, 4}, true);
-    FLASHQLA_REQUIRE(p.initial_state_n == pr.N, entry,
+    FLASHQLA_REQUIRE(pr.pooled || p.initial_state_n == pr.N, entry,
                      ": initial_state: the number of initial states (initial_state_n = ",
                      p.initial_state_n, ") must equal the number of sequences N = ", pr.N,
                      pr.varlen ? " (len(cu_seqlens) - 1)" : " (B)");
@@ -126,7 +144,8 @@ std::vector<std::pair<const char*, const void*>> device_side_pointers(
   std::vector<std::pair<const char*, const void*>> ptrs = {
       {"q", p.q.data}, {"k", p.k.data}, {"v", p.v.data}, {"g", p.g.data},
       {"beta", p.beta.data}, {"initial_state", p.initial_state.data},
-      {"cu_seqlens", p.cu_seqlens.data}, {"workspace", p.workspace}};
+      {"cu_seqlens", p.cu_seqlens.data}, {"state_indices", p.state_indices.data},
+      {"workspace", p.workspace}};
   if (bwd) {
     const std::pair<const char*, const void*> more[] = {
         {"d_o", bwd->d_o.data}, {"d_final_state", bwd->d_final_state.data},
@@ -191,6 +210,25 @@ bool env_flag(const char* name) {
   return v != nullptr && *v != '\0' && std::strcmp(v, "0") != 0;
 }
 
+// The slot indices, where the host can read them: checked, and kept for the
+// CPU backend.
+void check_state_index_contents(const flashqla_gdn_fwd_params_t& p, const char* entry, Problem& pr) {
+  if (!pr.pooled) return;
+  if (p.state_indices_host != nullptr) {
+    pr.state_indices_host = read_state_indices(p.state_indices_host, p.state_indices.dtype, pr.N);
+    check_state_indices(pr.state_indices_host, pr.pool_slots, entry, "state_indices_host");
+  }
+  if (pr.backend == FLASHQLA_BACKEND_CPU) {
+    std::vector<int64_t> idx = read_state_indices(p.state_indices.data, p.state_indices.dtype, pr.N);
+    check_state_indices(idx, pr.pool_slots, entry, "state_indices");
+    for (size_t i = 0; i < pr.state_indices_host.size(); ++i) {
+      FLASHQLA_REQUIRE(pr.state_indices_host[i] == idx[i], entry, ": state_indices_host: differs from "
+                       "state_indices at index ", i, " (", pr.state_indices_host[i], " vs ", idx[i], ")");
+    }
+    pr.state_indices_host = std::move(idx);
+  }
+}
+
 void check_sequence_contents(const flashqla_gdn_fwd_params_t& p, const char* entry,
                              Problem& pr) {
   if (!pr.varlen) return;
@@ -246,6 +284,7 @@ Problem validate_common(const flashqla_gdn_fwd_params_t* params, const flashqla_
   pr.scale = std::isnan(p.scale) ? 1.0 / std::sqrt(double(p.K)) : p.scale;
   resolve_backend(p, bwd, entry, pr);
   check_sequence_contents(p, entry, pr);
+  check_state_index_contents(p, entry, pr);
   return pr;
 }
 

@@ -109,8 +109,11 @@ void activate_beta(flashqla_beta_activation_t act, const double* raw, int64_t L,
 // value heads of a group and loaded by the caller.
 struct HeadBuffers {
   std::vector<double> v, g, beta, dbeta_draw, h0;
+  bool has_h0 = false;
+  // `state` is the initial state's row: the sequence n, or its pool slot
+  // (negative: none, the sequence starts from zero).
   void load(const Problem& pr, const flashqla_gdn_fwd_params_t& p, const SequenceSpan& s,
-            int64_t n, int64_t hv) {
+            int64_t state, int64_t hv) {
     const int64_t L = s.length();
     v.resize(static_cast<size_t>(L * pr.V));
     g.resize(static_cast<size_t>(L));
@@ -121,9 +124,10 @@ struct HeadBuffers {
     std::vector<double> raw(static_cast<size_t>(L));
     gather_scalars(p.beta, s, hv, raw.data());
     activate_beta(p.beta_activation, raw.data(), L, beta.data(), dbeta_draw.data());
-    if (pr.has_initial_state) {
+    has_h0 = pr.has_initial_state && state >= 0;
+    if (has_h0) {
       h0.resize(static_cast<size_t>(pr.K * pr.V));
-      gather_state(p.initial_state, p.state_v_first != 0, n, hv, pr.K, pr.V, h0.data());
+      gather_state(p.initial_state, p.state_v_first != 0, state, hv, pr.K, pr.V, h0.data());
     }
   }
 };
@@ -158,7 +162,7 @@ HeadInputs head_inputs(const Problem& pr, const SequenceSpan& s, const QKBuffers
   in.v = hb.v.data();
   in.g = hb.g.data();
   in.beta = hb.beta.data();
-  in.h0 = pr.has_initial_state ? hb.h0.data() : nullptr;
+  in.h0 = hb.has_h0 ? hb.h0.data() : nullptr;
   in.scale = pr.scale;
   return in;
 }
@@ -171,10 +175,13 @@ void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
   parallel_for(items, threads, [&](int64_t item) {
     const int64_t n = item / pr.HV, hv = item % pr.HV, h = hv / pr.group;
     const SequenceSpan s = sequence_span(pr, n);
+    // The state's row: the sequence's own, or its slot of the pool (each item
+    // reads its row before it writes it, and no two sequences share a slot).
+    const int64_t state = pr.pooled ? pr.state_indices_host[size_t(n)] : n;
     QKBuffers qk;
     qk.load(pr, p, s, h);
     HeadBuffers hb;
-    hb.load(pr, p, s, n, hv);
+    hb.load(pr, p, s, state, hv);
     std::vector<double> o(static_cast<size_t>(s.length() * pr.V)), ht(static_cast<size_t>(pr.K * pr.V));
     const HeadInputs in = head_inputs(pr, s, qk, hb);
     const HeadOutputs out{o.data(), ht.data()};
@@ -184,7 +191,9 @@ void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
       chunked_forward(in, out);
     }
     scatter_rows(p.o, s, hv, pr.V, o.data());
-    if (pr.output_final_state) scatter_state(p.final_state, p.state_v_first != 0, n, hv, pr.K, pr.V, ht.data());
+    if (pr.output_final_state && state >= 0) {
+      scatter_state(p.final_state, p.state_v_first != 0, state, hv, pr.K, pr.V, ht.data());
+    }
   });
 }
 

@@ -102,6 +102,11 @@ ForwardArgs forward_args(const Problem& pr, const flashqla_gdn_fwd_params_t& p) 
     a.cu_seqlens = p.cu_seqlens.data;
     a.cu_seqlens_int64 = p.cu_seqlens.dtype == FLASHQLA_DTYPE_INT64;
   }
+  if (pr.pooled) {
+    a.state_indices = p.state_indices.data;
+    a.state_indices_int64 = p.state_indices.dtype == FLASHQLA_DTYPE_INT64;
+    a.pool_slots = pr.pool_slots;
+  }
   a.o = p.o.data, a.o_sb = p.o.stride[0], a.o_st = p.o.stride[1], a.o_sh = p.o.stride[2], a.o_dtype = p.o.dtype;
   if (pr.output_final_state) {
     const flashqla_tensor_t& ht = p.final_state;

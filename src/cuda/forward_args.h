@@ -38,6 +38,9 @@ struct ForwardArgs {
   const void* h0; int64_t h0_sn, h0_sh, h0_s2, h0_s3; flashqla_dtype_t h0_dtype;
   // Optional cu_seqlens [N + 1] (nullptr: sequence n is batch row n).
   const void* cu_seqlens; bool cu_seqlens_int64;
+  // Optional state pool slots [N] (the serving entry): h0 and ht are pools of
+  // pool_slots rows, sequence n's row is state_indices[n] (state_row()).
+  const void* state_indices; bool state_indices_int64; int64_t pool_slots;
   // Outputs.
   void* o; int64_t o_sb, o_st, o_sh; flashqla_dtype_t o_dtype;
   void* ht; int64_t ht_sn, ht_sh, ht_s2, ht_s3; flashqla_dtype_t ht_dtype;  // nullptr: not written

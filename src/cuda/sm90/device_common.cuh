@@ -135,6 +135,17 @@ __device__ __forceinline__ float activate_beta_grad(float b, int activation) {
   return activation == FLASHQLA_BETA_SIGMOID_X2 ? 2.f * d : d;
 }
 
+// The row of sequence n's initial and final state: n itself, or with a state
+// pool (state_indices given) its slot; -1 for none (a negative slot, or one
+// past the pool, which the host could not check: the sequence starts from
+// zero and writes no final state).
+__device__ __forceinline__ int64_t state_row(const void* state_indices, bool is_int64, int64_t pool_slots,
+                                             int64_t n) {
+  if (state_indices == nullptr) return n;
+  const int64_t slot = load_index(state_indices, is_int64, n);
+  return slot >= 0 && slot < pool_slots ? slot : -1;
+}
+
 // Offset of state element (key x, value c) of sequence n, value head hv, in a
 // [N, HV, K, V] (or, v_first, [N, HV, V, K]) tensor with the given strides.
 __device__ __forceinline__ int64_t state_offset(int64_t n, int64_t hv, int64_t x, int64_t c, int64_t sn,

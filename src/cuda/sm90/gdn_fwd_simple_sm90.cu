@@ -58,12 +58,13 @@ __global__ void __launch_bounds__(kThreads) gdn_fwd_simple_kernel(const ForwardA
 
   const SequenceRange seq = sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, n);
   const int64_t row = seq.row, bos = seq.bos, eos = seq.eos;
+  const int64_t srow = state_row(a.state_indices, a.state_indices_int64, a.pool_slots, n);  // -1: none
 
   for (int64_t i = tid; i < K * kTileV; i += kThreads) {
     const int64_t x = i / kTileV, c = i % kTileV;
-    s.S[i] = (a.h0 != nullptr && c < bv)
+    s.S[i] = (a.h0 != nullptr && srow >= 0 && c < bv)
                  ? load_float(a.h0, a.h0_dtype,
-                              state_offset(n, hv, x, v0 + c, a.h0_sn, a.h0_sh, a.h0_s2, a.h0_s3, a.state_v_first))
+                              state_offset(srow, hv, x, v0 + c, a.h0_sn, a.h0_sh, a.h0_s2, a.h0_s3, a.state_v_first))
                  : 0.f;
   }
 
@@ -189,12 +190,12 @@ __global__ void __launch_bounds__(kThreads) gdn_fwd_simple_kernel(const ForwardA
     __syncthreads();
   }
 
-  if (a.ht != nullptr) {
+  if (a.ht != nullptr && srow >= 0) {
     for (int64_t i = tid; i < K * kTileV; i += kThreads) {
       const int64_t x = i / kTileV, c = i % kTileV;
       if (c < bv) {
         store_float(a.ht, a.ht_dtype,
-                    state_offset(n, hv, x, v0 + c, a.ht_sn, a.ht_sh, a.ht_s2, a.ht_s3, a.state_v_first), s.S[i]);
+                    state_offset(srow, hv, x, v0 + c, a.ht_sn, a.ht_sh, a.ht_s2, a.ht_s3, a.state_v_first), s.S[i]);
       }
     }
   }

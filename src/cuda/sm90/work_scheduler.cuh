@@ -105,11 +105,19 @@ __device__ inline bool find_piece(const ForwardArgs& a, int64_t slot, int64_t& n
   return false;
 }
 
+// Sequence n's initial state and final state in the user's tensors (row n, or
+// its slot of a state pool; none for a negative slot). With a pool updated in
+// place the row's read precedes its write in every pass: the same CTA (whole
+// sequences), the chain's order (chained pieces), or the launches' order
+// (piece passes: piece 0 reads in the partial pass, the last piece writes in
+// the output pass).
 __device__ inline StateSource user_initial_state(const ForwardArgs& a, int64_t n, int64_t hv) {
   StateSource s;
   if (a.h0 == nullptr) return s;
+  const int64_t row = state_row(a.state_indices, a.state_indices_int64, a.pool_slots, n);
+  if (row < 0) return s;
   s.mode = StateSource::kLoad;
-  s.ptr = a.h0, s.dtype = a.h0_dtype, s.base = n * a.h0_sn + hv * a.h0_sh;
+  s.ptr = a.h0, s.dtype = a.h0_dtype, s.base = row * a.h0_sn + hv * a.h0_sh;
   s.sx = a.state_v_first ? a.h0_s3 : a.h0_s2;
   s.sc = a.state_v_first ? a.h0_s2 : a.h0_s3;
   return s;
@@ -118,7 +126,9 @@ __device__ inline StateSource user_initial_state(const ForwardArgs& a, int64_t n
 __device__ inline StateTarget user_final_state(const ForwardArgs& a, int64_t n, int64_t hv) {
   StateTarget t;
   if (a.ht == nullptr) return t;
-  t.ptr = a.ht, t.dtype = a.ht_dtype, t.base = n * a.ht_sn + hv * a.ht_sh;
+  const int64_t row = state_row(a.state_indices, a.state_indices_int64, a.pool_slots, n);
+  if (row < 0) return t;
+  t.ptr = a.ht, t.dtype = a.ht_dtype, t.base = row * a.ht_sn + hv * a.ht_sh;
   t.sx = a.state_v_first ? a.ht_s3 : a.ht_s2;
   t.sc = a.state_v_first ? a.ht_s2 : a.ht_s3;
   return t;
