@@ -40,6 +40,12 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       environment into the sidecar's "bwd" key, its plot into h200_bwd.png
       (h100_bwd.png). BENCH_TIME_LIMIT=S as for bench (the rows measured are
       plotted). Default $OUT: benchmarks/results.
+  bench-serving [ROWS-REGEX]
+      The serving entry's benchmark (benchmarks/bench_serving.py): the state-pool
+      call against the plain forward and against gather + call + scatter on the
+      1024x8, 2048x4, 4096x8 and 8192x4 rows, both pool layouts; writes
+      serving_h200.csv (serving_h100.csv) and its sidecar.
+      Default $OUT: benchmarks/results.
   full [--lean] [--require-h200] [--budget S] [ROWS-REGEX]
       check --quick, then (if it passed) bench; $OUT gets the benchmark's files,
       its log and the check's logs as check_logs.tar.gz. --lean, for short device
@@ -238,6 +244,11 @@ cmd_bench() {
 cmd_bench_bwd() {
   [[ $# -le 1 && "${1:-}" != -* ]] || { echo "usage: scripts/gpu.sh bench-bwd [ROWS-REGEX]"; exit 2; }
   run_benchmark benchmarks/bench_bwd.py "$@"
+}
+
+cmd_bench_serving() {
+  [[ $# -le 1 && "${1:-}" != -* ]] || { echo "usage: scripts/gpu.sh bench-serving [ROWS-REGEX]"; exit 2; }
+  run_benchmark benchmarks/bench_serving.py "$@"
 }
 
 # --- full --------------------------------------------------------------------
@@ -518,6 +529,7 @@ case "${command}" in
   check) cmd_check "$@" ;;
   bench) cmd_bench "$@" ;;
   bench-bwd) cmd_bench_bwd "$@" ;;
+  bench-serving) cmd_bench_serving "$@" ;;
   full) cmd_full "$@" ;;
   iterate) cmd_iterate "$@" ;;
   bwd-iterate) cmd_bwd_iterate "$@" ;;
