@@ -10,7 +10,7 @@ import torch
 import flashqla
 from conftest import make_inputs, rel_error
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)] if torch.cuda.is_available() else [])
 
 
 def _gather_call_scatter(x, pool, idx, state_v_first, **opts):
