@@ -187,6 +187,27 @@ __device__ __forceinline__ void scale_rows(const Tile& t, int L, bool l2norm, Sc
   }
 }
 
+// The A fragment of the 16x16 block at rows m0, reduction k0 of A = an [m][k]
+// tile, or (kATrans) of A = Xᵀ for X stored as [k][m]; and the B fragments of
+// the 16x16 block at reduction k0, columns n0 of B = a [k][n] tile, or (kBNK)
+// of B stored as [n][k].
+template <bool kATrans, typename TileA>
+__device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const TileA& A, int m0, int k0, int lane) {
+  if constexpr (kATrans) {
+    mma::load_a_trans(a, A, m0, k0, lane);
+  } else {
+    mma::load_a(a, A, m0, k0, lane);
+  }
+}
+template <bool kBNK, typename TileB>
+__device__ __forceinline__ void load_b_fragment(uint32_t (&b)[4], const TileB& B, int k0, int n0, int lane) {
+  if constexpr (kBNK) {
+    mma::load_b_nk(b, B, n0, k0, lane);
+  } else {
+    mma::load_b_kn(b, B, k0, n0, lane);
+  }
+}
+
 // acc[MT][NT] += A (rows m0 .., reduction k) · B (reduction k, columns n0 ..)
 // over k in [0, kdim), 16 at a time. A is an [m][k] tile, or (kATrans) its
 // transpose stored as [k][m]; B is a [k][n] tile, or (kBNK) stored as [n][k].
@@ -202,21 +223,11 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[MT][NT][4], const TileA& 
   for (int k0 = 0; k0 < kdim; k0 += 16) {
     uint32_t a[MT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      if constexpr (kATrans) {
-        mma::load_a_trans(a[mt], A, m0 + 16 * mt, k0, lane);
-      } else {
-        mma::load_a(a[mt], A, m0 + 16 * mt, k0, lane);
-      }
-    }
+    for (int mt = 0; mt < MT; ++mt) load_a_fragment<kATrans>(a[mt], A, m0 + 16 * mt, k0, lane);
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       uint32_t b[4];
-      if constexpr (kBNK) {
-        mma::load_b_nk(b, B, n0 + 16 * np, k0, lane);
-      } else {
-        mma::load_b_kn(b, B, k0, n0 + 16 * np, lane);
-      }
+      load_b_fragment<kBNK>(b, B, k0, n0 + 16 * np, lane);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         Mma::run(acc[mt][2 * np], a[mt], b[0], b[1]);
@@ -237,21 +248,12 @@ __device__ __forceinline__ void warp_gemm_pair(float (&acc1)[1][NT][4], const Ti
 #pragma unroll kUnroll
   for (int k0 = 0; k0 < kdim; k0 += 16) {
     uint32_t a1[4], a2[4];
-    if constexpr (kATrans) {
-      mma::load_a_trans(a1, A1, m0, k0, lane);
-      mma::load_a_trans(a2, A2, m0, k0, lane);
-    } else {
-      mma::load_a(a1, A1, m0, k0, lane);
-      mma::load_a(a2, A2, m0, k0, lane);
-    }
+    load_a_fragment<kATrans>(a1, A1, m0, k0, lane);
+    load_a_fragment<kATrans>(a2, A2, m0, k0, lane);
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       uint32_t b[4];
-      if constexpr (kBNK) {
-        mma::load_b_nk(b, B, n0 + 16 * np, k0, lane);
-      } else {
-        mma::load_b_kn(b, B, k0, n0 + 16 * np, lane);
-      }
+      load_b_fragment<kBNK>(b, B, k0, n0 + 16 * np, lane);
       Mma::run(acc1[0][2 * np], a1, b[0], b[1]);
       Mma::run(acc2[0][2 * np], a2, b[0], b[1]);
       Mma::run(acc1[0][2 * np + 1], a1, b[2], b[3]);
