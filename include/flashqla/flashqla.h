@@ -184,6 +184,17 @@ typedef struct flashqla_gdn_fwd_params_t {
   flashqla_tensor_t state_indices;
   /* Optional host copy of state_indices (same dtype, N entries). */
   const void* state_indices_host;
+  /* Optional state checkpoints (prefix caching): with checkpoint_chunks = e
+   * > 0, each sequence's state after every e chunks (64 e tokens) is written
+   * to checkpoints ([checkpoints_n, HV, K, V], or [.., V, K] with
+   * state_v_first, any float dtype). Sequence n's j-th checkpoint, the state
+   * after its first 64 e j tokens (j = 1 .. floor(len_n / (64 e))), is row
+   * Σ_{m<n} floor(len_m / (64 e)) + j − 1; checkpoints_n must be at least
+   * floor(B T / (64 e)), which holds every sequence's whatever the lengths.
+   * Forward only. */
+  flashqla_tensor_t checkpoints;
+  int64_t checkpoints_n;
+  int64_t checkpoint_chunks;
 
   /* --- outputs ---------------------------------------------------------- */
   flashqla_tensor_t o; /* [B,T,HV,V] any float dtype (normally q's) */

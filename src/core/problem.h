@@ -25,6 +25,8 @@ struct Problem {
   // The slot indices when readable on the host (CPU backend, or a host copy
   // was given); empty otherwise.
   std::vector<int64_t> state_indices_host;
+  // Checkpoints: every checkpoint_chunks chunks (0: none).
+  int64_t checkpoint_chunks = 0;
   flashqla_backend_t backend = FLASHQLA_BACKEND_CPU;
   // Sequence boundaries when they are readable on the host (CPU backend, or a
   // host copy of cu_seqlens was given): token offsets of the N + 1 boundaries

@@ -132,6 +132,20 @@ void check_forward_tensors(const flashqla_gdn_fwd_params_t& p, const char* entry
                      p.initial_state_n, ") must equal the number of sequences N = ", pr.N,
                      pr.varlen ? " (len(cu_seqlens) - 1)" : " (B)");
   }
+  FLASHQLA_REQUIRE(p.checkpoint_chunks >= 0, entry, ": checkpoint_chunks: must be >= 0 (0: no checkpoints), got ",
+                   p.checkpoint_chunks);
+  if (p.checkpoint_chunks > 0) {
+    FLASHQLA_REQUIRE(!as_backward, entry, ": checkpoint_chunks: checkpoints are written by the forward only");
+    const int64_t needed = p.B * p.T / (64 * p.checkpoint_chunks);
+    check_float_tensor(entry, {"checkpoints", &p.checkpoints, 4}, needed > 0);
+    FLASHQLA_REQUIRE(p.checkpoints_n >= needed, entry, ": checkpoints_n: must be at least floor(B T / (64 ",
+                     "checkpoint_chunks)) = ", needed, " (every sequence's checkpoints, whatever the lengths), got ",
+                     p.checkpoints_n);
+    pr.checkpoint_chunks = p.checkpoint_chunks;
+  } else {
+    FLASHQLA_REQUIRE(p.checkpoints.data == nullptr, entry,
+                     ": checkpoints: given without checkpoint_chunks (how many chunks between two)");
+  }
   pr.output_final_state = !as_backward && p.output_final_state != 0;
   if (pr.output_final_state) {
     check_float_tensor(entry, {"final_state", &p.final_state, 4}, true);
@@ -145,6 +159,7 @@ std::vector<std::pair<const char*, const void*>> device_side_pointers(
       {"q", p.q.data}, {"k", p.k.data}, {"v", p.v.data}, {"g", p.g.data},
       {"beta", p.beta.data}, {"initial_state", p.initial_state.data},
       {"cu_seqlens", p.cu_seqlens.data}, {"state_indices", p.state_indices.data},
+      {"checkpoints", p.checkpoints.data},
       {"workspace", p.workspace}};
   if (bwd) {
     const std::pair<const char*, const void*> more[] = {
@@ -283,6 +298,10 @@ Problem validate_common(const flashqla_gdn_fwd_params_t* params, const flashqla_
   pr.group = p.HV / p.H;
   pr.scale = std::isnan(p.scale) ? 1.0 / std::sqrt(double(p.K)) : p.scale;
   resolve_backend(p, bwd, entry, pr);
+  if (pr.backend == FLASHQLA_BACKEND_CUDA && pr.checkpoint_chunks > 0) {
+    fail(FLASHQLA_STATUS_NOT_SUPPORTED, str(entry, ": checkpoint_chunks: state checkpoints are computed by the CPU "
+                                               "backend only so far"));
+  }
   check_sequence_contents(p, entry, pr);
   check_state_index_contents(p, entry, pr);
   return pr;

@@ -1,5 +1,7 @@
 #include "cpu/cpu_backend.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <vector>
 
@@ -167,6 +169,38 @@ HeadInputs head_inputs(const Problem& pr, const SequenceSpan& s, const QKBuffers
   return in;
 }
 
+// The first checkpoint row of sequence n: Σ_{m<n} floor(len_m / (64 e)).
+int64_t checkpoint_row0(const Problem& pr, int64_t n) {
+  const int64_t every = 64 * pr.checkpoint_chunks;
+  if (!pr.varlen) return n * (pr.T / every);
+  int64_t row = 0;
+  for (int64_t m = 0; m < n; ++m) row += (pr.cu_seqlens_host[size_t(m + 1)] - pr.cu_seqlens_host[size_t(m)]) / every;
+  return row;
+}
+
+// One (sequence, value head) forward, its state also written to the checkpoints
+// after every 64 e tokens: the sequence runs as segments of 64 e tokens, each
+// from the state the previous one left (segments start at chunk boundaries, so
+// each is the chunked algorithm's own computation of those chunks).
+template <typename Forward>
+void forward_with_checkpoints(const Problem& pr, const flashqla_gdn_fwd_params_t& p, int64_t n, int64_t hv,
+                              const HeadInputs& in, const HeadOutputs& out, Forward forward) {
+  const int64_t every = 64 * pr.checkpoint_chunks, K = in.K, V = in.V;
+  std::vector<double> state(in.h0 ? in.h0 : nullptr, in.h0 ? in.h0 + K * V : nullptr), next(size_t(K * V));
+  int64_t row = checkpoint_row0(pr, n);
+  for (int64_t t0 = 0; t0 < in.T || t0 == 0; t0 += every) {
+    HeadInputs part = in;
+    part.T = std::min(every, in.T - t0);
+    part.q = in.q + t0 * K, part.k = in.k + t0 * K, part.v = in.v + t0 * V, part.g = in.g + t0;
+    part.beta = in.beta + t0;
+    part.h0 = state.empty() ? nullptr : state.data();
+    forward(part, HeadOutputs{out.o + t0 * V, next.data()});
+    state = next;
+    if (part.T == every) scatter_state(p.checkpoints, p.state_v_first != 0, row++, hv, K, V, state.data());
+  }
+  if (out.ht) std::copy(state.begin(), state.end(), out.ht);
+}
+
 }  // namespace
 
 void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
@@ -185,10 +219,17 @@ void gdn_forward(const Problem& pr, const flashqla_gdn_fwd_params_t& p) {
     std::vector<double> o(static_cast<size_t>(s.length() * pr.V)), ht(static_cast<size_t>(pr.K * pr.V));
     const HeadInputs in = head_inputs(pr, s, qk, hb);
     const HeadOutputs out{o.data(), ht.data()};
-    if (p.cpu_algorithm == FLASHQLA_CPU_ALGORITHM_RECURRENT) {
-      recurrent_forward(in, out);
+    const auto forward = [&](const HeadInputs& i, const HeadOutputs& o_) {
+      if (p.cpu_algorithm == FLASHQLA_CPU_ALGORITHM_RECURRENT) {
+        recurrent_forward(i, o_);
+      } else {
+        chunked_forward(i, o_);
+      }
+    };
+    if (pr.checkpoint_chunks > 0) {
+      forward_with_checkpoints(pr, p, n, hv, in, out, forward);
     } else {
-      chunked_forward(in, out);
+      forward(in, out);
     }
     scatter_rows(p.o, s, hv, pr.V, o.data());
     if (pr.output_final_state && state >= 0) {
