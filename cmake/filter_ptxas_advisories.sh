@@ -10,7 +10,7 @@
 # build errors. So the lines are dropped here, matched by code AND kernel:
 #
 #   C7517 "warpgroup.wait is injected ... in function '...gdn_fwd_fused_kernel...'"
-#     Four of them (two per dtype instance) in the fused forward kernel
+#     Two per instance (dtype, with or without state checkpoints) of the fused forward kernel
 #     (src/cuda/sm90/gdn_fwd_fused_sm90.cu): ptxas adds a wgmma wait before
 #     registers a wgmma defines are used, where the source has none. Benign:
 #     the kernel is spill-free, no wgmma is serialized (ptxas would say so

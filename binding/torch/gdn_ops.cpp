@@ -327,7 +327,8 @@ std::tuple<Tensor, Tensor> gdn_fwd(Tensor q, Tensor k, Tensor v, Tensor g, Tenso
 // unit last stride.
 void gdn_fwd_pooled(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, double scale, Tensor state_pool,
                     Tensor state_indices, std::optional<Tensor> cu_seqlens, std::optional<Tensor> cu_seqlens_cpu,
-                    Tensor o, bool write_back, bool state_v_first, bool use_qk_l2norm, int64_t beta_activation) {
+                    Tensor o, bool write_back, bool state_v_first, bool use_qk_l2norm, int64_t beta_activation,
+                    std::optional<Tensor> checkpoints, int64_t checkpoint_chunks) {
   if (state_pool.dim() != 4 || state_pool.stride(3) != 1) {
     raise_invalid("state_pool: must be 4-d with a unit last stride (it is updated in place, never copied)");
   }
@@ -349,6 +350,14 @@ void gdn_fwd_pooled(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, double 
     p.final_state = p.initial_state;
     p.output_final_state = 1;
   }
+  if (checkpoints.has_value()) {
+    if (checkpoints->dim() != 4 || checkpoints->stride(3) != 1) {
+      raise_invalid("checkpoints: must be 4-d with a unit last stride (written in place, never copied)");
+    }
+    p.checkpoints = describe(*checkpoints, "checkpoints", 4);
+    p.checkpoints_n = checkpoints->size(0);
+  }
+  p.checkpoint_chunks = checkpoint_chunks;
   std::optional<Tensor> ws = attach_workspace(p, p, q, flashqla_gdn_fwd_workspace_size);
   check(flashqla_gdn_fwd(&p));
 }
@@ -432,7 +441,8 @@ STABLE_TORCH_LIBRARY(flashqla, m) {
   m.def(
       "gdn_fwd_pooled(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
       "Tensor(a!) state_pool, Tensor state_indices, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, "
-      "Tensor(b!) o, bool write_back, bool state_v_first, bool use_qk_l2norm, int beta_activation) -> ()");
+      "Tensor(b!) o, bool write_back, bool state_v_first, bool use_qk_l2norm, int beta_activation, "
+      "Tensor(c!)? checkpoints, int checkpoint_chunks) -> ()");
   m.def(
       "gdn_bwd(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
       "Tensor? initial_state, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, Tensor do, "

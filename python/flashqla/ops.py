@@ -23,7 +23,8 @@ BETA_SIGMOID_X2 = 2
 
 gdn_fwd = torch.ops.flashqla.gdn_fwd.default
 # (q, k, v, g, beta, scale, state_pool!, state_indices, cu_seqlens, cu_seqlens_cpu, o!, write_back,
-# state_v_first, use_qk_l2norm, beta_activation) -> (): the serving entry (flashqla/serving.py).
+# state_v_first, use_qk_l2norm, beta_activation, checkpoints!?, checkpoint_chunks) -> (): the serving
+# entry (flashqla/serving.py).
 gdn_fwd_pooled = torch.ops.flashqla.gdn_fwd_pooled.default
 gdn_bwd = torch.ops.flashqla.gdn_bwd.default
 # (q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu, output_final_state,
@@ -57,8 +58,8 @@ def _gdn_fwd_fake(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens
 
 @torch.library.register_fake("flashqla::gdn_fwd_pooled")
 def _gdn_fwd_pooled_fake(q, k, v, g, beta, scale, state_pool, state_indices, cu_seqlens, cu_seqlens_cpu, o,
-                         write_back, state_v_first, use_qk_l2norm, beta_activation):
-    return None  # writes state_pool and o in place (the schema's (a!) and (b!))
+                         write_back, state_v_first, use_qk_l2norm, beta_activation, checkpoints, checkpoint_chunks):
+    return None  # writes state_pool, o and checkpoints in place (the schema's (a!), (b!), (c!))
 
 
 @torch.library.register_fake("flashqla::gdn_bwd")

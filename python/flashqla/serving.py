@@ -33,6 +33,8 @@ def chunk_gated_delta_rule_pooled(
     cu_seqlens_cpu: Optional[torch.Tensor] = None,
     output: Optional[torch.Tensor] = None,
     write_final_state: bool = True,
+    checkpoints: Optional[torch.Tensor] = None,
+    checkpoint_chunks: int = 0,
     use_qk_l2norm_in_kernel: bool = False,
     use_beta_sigmoid_in_kernel: bool = False,
     allow_neg_eigval: bool = False,
@@ -56,6 +58,11 @@ def chunk_gated_delta_rule_pooled(
             negative).
         output: where o goes, ``[B, T, HV, V]``, unit last stride (default: a new tensor
             of q's dtype).
+        checkpoints, checkpoint_chunks: prefix caching. With ``checkpoint_chunks = e > 0``
+            each sequence's state after every ``64 e`` tokens goes to ``checkpoints``
+            (``[rows, HV, K, V]``, or V-first, any float dtype, unit last stride, ``rows >=
+            floor(B T / (64 e))``): sequence n's j-th checkpoint (after its first ``64 e j``
+            tokens) at row ``sum_{m<n} floor(len_m / (64 e)) + j - 1``.
 
     Returns:
         o (``output`` when given).
@@ -92,7 +99,19 @@ def chunk_gated_delta_rule_pooled(
           or output.device != q.device or not output.dtype.is_floating_point or output.stride(-1) != 1):
         raise ValueError(f"flashqla: output must be a float tensor [B, T, HV, V] = {[B, T, HV, V]} on {q.device} "
                          f"with a unit last stride, got {getattr(output, 'shape', type(output).__name__)}")
+    if not isinstance(checkpoint_chunks, int) or checkpoint_chunks < 0:
+        raise ValueError(f"flashqla: checkpoint_chunks must be an int >= 0 (0: no checkpoints), got {checkpoint_chunks!r}")
+    if (checkpoints is None) != (checkpoint_chunks == 0):
+        raise ValueError("flashqla: checkpoints and checkpoint_chunks > 0 go together")
+    if checkpoints is not None:
+        needed = B * T // (64 * checkpoint_chunks)
+        if (not isinstance(checkpoints, torch.Tensor) or checkpoints.dim() != 4 or tuple(checkpoints.shape[1:]) != row
+                or checkpoints.shape[0] < needed or checkpoints.device != q.device
+                or not checkpoints.dtype.is_floating_point or checkpoints.stride(-1) != 1):
+            raise ValueError(f"flashqla: checkpoints must be a float tensor [rows >= {needed}, "
+                             f"{', '.join(map(str, row))}] on {q.device} with a unit last stride, got "
+                             f"{getattr(checkpoints, 'shape', type(checkpoints).__name__)}")
     call_op(ops.gdn_fwd_pooled, c.q, c.k, c.v, c.g, c.beta, c.scale, state_pool, state_indices.contiguous(),
             c.cu_seqlens, c.cu_seqlens_cpu, output, bool(write_final_state), c.state_v_first, c.use_qk_l2norm,
-            c.beta_activation)
+            c.beta_activation, checkpoints, int(checkpoint_chunks))
     return output

@@ -298,10 +298,6 @@ Problem validate_common(const flashqla_gdn_fwd_params_t* params, const flashqla_
   pr.group = p.HV / p.H;
   pr.scale = std::isnan(p.scale) ? 1.0 / std::sqrt(double(p.K)) : p.scale;
   resolve_backend(p, bwd, entry, pr);
-  if (pr.backend == FLASHQLA_BACKEND_CUDA && pr.checkpoint_chunks > 0) {
-    fail(FLASHQLA_STATUS_NOT_SUPPORTED, str(entry, ": checkpoint_chunks: state checkpoints are computed by the CPU "
-                                               "backend only so far"));
-  }
   check_sequence_contents(p, entry, pr);
   check_state_index_contents(p, entry, pr);
   return pr;

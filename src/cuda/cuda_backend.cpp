@@ -102,6 +102,11 @@ ForwardArgs forward_args(const Problem& pr, const flashqla_gdn_fwd_params_t& p) 
     a.cu_seqlens = p.cu_seqlens.data;
     a.cu_seqlens_int64 = p.cu_seqlens.dtype == FLASHQLA_DTYPE_INT64;
   }
+  if (pr.checkpoint_chunks > 0) {
+    const flashqla_tensor_t& c = p.checkpoints;
+    a.ckpt = c.data, a.ckpt_sn = c.stride[0], a.ckpt_sh = c.stride[1], a.ckpt_s2 = c.stride[2];
+    a.ckpt_s3 = c.stride[3], a.ckpt_dtype = c.dtype, a.ckpt_chunks = pr.checkpoint_chunks;
+  }
   if (pr.pooled) {
     a.state_indices = p.state_indices.data;
     a.state_indices_int64 = p.state_indices.dtype == FLASHQLA_DTYPE_INT64;

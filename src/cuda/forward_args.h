@@ -41,6 +41,9 @@ struct ForwardArgs {
   // Optional state pool slots [N] (the serving entry): h0 and ht are pools of
   // pool_slots rows, sequence n's row is state_indices[n] (state_row()).
   const void* state_indices; bool state_indices_int64; int64_t pool_slots;
+  // Optional state checkpoints every ckpt_chunks chunks ([rows, HV, K, V] or
+  // V-first): sequence n's j-th at row checkpoint_row0(n) + j − 1.
+  void* ckpt; int64_t ckpt_sn, ckpt_sh, ckpt_s2, ckpt_s3; flashqla_dtype_t ckpt_dtype; int64_t ckpt_chunks;
   // Outputs.
   void* o; int64_t o_sb, o_st, o_sh; flashqla_dtype_t o_dtype;
   void* ht; int64_t ht_sn, ht_sh, ht_s2, ht_s3; flashqla_dtype_t ht_dtype;  // nullptr: not written

@@ -104,9 +104,37 @@ def test_bad_indices_and_tensors_are_refused():
 def test_opcheck_gdn_fwd_pooled():
     x, pool, idx = _case("cpu", torch.float32, torch.float32, True, seed=8)
     o = torch.empty(x["v"].shape, dtype=torch.float32)
+    ckpt = torch.empty((200 // 64, 4, 12, 16), dtype=torch.float32)
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"], 0.25, pool, idx, x["cu_seqlens"], None, o, True, True, False,
-            0)
+            0, ckpt, 1)
     torch.library.opcheck(torch.ops.flashqla.gdn_fwd_pooled.default, args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_checkpoints_are_the_states_after_each_interval(device):
+    """Checkpoints every chunk: row r of sequence n's rows is its state after 64 (j + 1)
+    tokens, i.e. the final state of the plain forward over those tokens from the same
+    slot's state."""
+    dtype = torch.float64 if device == "cpu" else torch.bfloat16
+    K = V = 128 if device == "cuda" else 16
+    x, pool, idx = _case(device, dtype, torch.float32, False, seed=10, K=K, V=V)
+    start = pool.clone()
+    cu = x["cu_seqlens"].tolist()
+    ckpt = torch.full((cu[-1] // 64, 4, K, V), float("nan"), device=device,
+                      dtype=torch.float64 if device == "cpu" else torch.float32)
+    flashqla.chunk_gated_delta_rule_pooled(x["q"], x["k"], x["v"], x["g"], x["beta"], pool, idx,
+                                           cu_seqlens=x["cu_seqlens"], checkpoints=ckpt, checkpoint_chunks=1)
+    row, tol = 0, (1e-10 if device == "cpu" else 0.005)
+    for n in range(len(cu) - 1):
+        h0 = start[idx[n].long()] if idx[n] >= 0 else torch.zeros_like(start[0])
+        for j in range((cu[n + 1] - cu[n]) // 64):
+            span = slice(cu[n], cu[n] + 64 * (j + 1))
+            _, ht = flashqla.chunk_gated_delta_rule(x["q"][:, span], x["k"][:, span], x["v"][:, span],
+                                                    x["g"][:, span], x["beta"][:, span], initial_state=h0[None],
+                                                    output_final_state=True)
+            assert rel_error(ckpt[row], ht[0]) <= tol, (n, j)
+            row += 1
+    assert torch.isnan(ckpt[row:]).all()
 
 
 @pytest.mark.gpu

@@ -24,7 +24,9 @@ namespace {
 
 using namespace fused_fwd;
 
-template <typename Element>
+// kCheckpoints: the instance that also writes state checkpoints (ForwardArgs::ckpt);
+// the other's code has none of it.
+template <typename Element, bool kCheckpoints>
 __global__ void __launch_bounds__(kThreads, 1)
     gdn_fwd_fused_kernel(const ForwardArgs a, const __grid_constant__ TokenMaps maps) {
   extern __shared__ __align__(1024) unsigned char smem[];
@@ -61,6 +63,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int v0 = 64 * (warp >> 2);  // the warpgroup's first value
   if (tid == 0) {
     s.parked.final_state = item.final_state;
+    if constexpr (kCheckpoints) {
+      s.parked.checkpoints = item.true_start ? user_checkpoints(a, item.n, item.hv) : StateTarget{};
+      s.parked.checkpoint_rows = a.ckpt_sn;
+      s.parked.checkpoint_done = item.chunk_begin;
+      s.parked.checkpoint_every = int(a.ckpt_chunks);
+    }
     s.parked.output_mode = item.write_o ? (maps.o_tensor ? kOutputTensor : kOutputRows) : kOutputNone;
     s.parked.o_token = bos;
     s.parked.o_head = int(item.hv);
@@ -80,14 +88,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   chain.load_start_state(item.init);
   const OutputEpilogue<Element> output{s, a, maps, warp, wr, v0};
   StateBarrier::sync();  // the parked item written
-  chain.run(int(n_chunks), output);
+  chain.template run<kCheckpoints>(int(n_chunks), output);
   store_end_state(s, state, v0, wr, lane >> 2, lane & 3);
 }
 
-template <typename Element>
+template <typename Element, bool kCheckpoints>
 cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
   cudaError_t err =
-      cudaFuncSetAttribute(gdn_fwd_fused_kernel<Element>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      cudaFuncSetAttribute(gdn_fwd_fused_kernel<Element, kCheckpoints>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                            kSharedBytes<Element>);
   if (err != cudaSuccess) return err;
   const int64_t blocks = work_item_count(args);
@@ -121,14 +129,18 @@ cudaError_t launch_typed(const ForwardArgs& args, cudaStream_t stream) {
     config.attrs = &programmatic;
     config.numAttrs = 1;
   }
-  return cudaLaunchKernelEx(&config, gdn_fwd_fused_kernel<Element>, args, maps);
+  return cudaLaunchKernelEx(&config, gdn_fwd_fused_kernel<Element, kCheckpoints>, args, maps);
 }
 
 }  // namespace
 
 cudaError_t launch_gdn_fwd_fused(const ForwardArgs& args, cudaStream_t stream) {
-  return args.token_dtype == FLASHQLA_DTYPE_BFLOAT16 ? launch_typed<__nv_bfloat16>(args, stream)
-                                                    : launch_typed<__half>(args, stream);
+  if (args.ckpt != nullptr) {
+    return args.token_dtype == FLASHQLA_DTYPE_BFLOAT16 ? launch_typed<__nv_bfloat16, true>(args, stream)
+                                                      : launch_typed<__half, true>(args, stream);
+  }
+  return args.token_dtype == FLASHQLA_DTYPE_BFLOAT16 ? launch_typed<__nv_bfloat16, false>(args, stream)
+                                                    : launch_typed<__half, false>(args, stream);
 }
 
 }  // namespace flashqla::cuda

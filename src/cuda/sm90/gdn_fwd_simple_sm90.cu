@@ -2,6 +2,7 @@
 
 #include "core/trace.h"
 #include "cuda/sm90/device_common.cuh"
+#include "cuda/sm90/work_scheduler.cuh"
 
 namespace flashqla::cuda {
 namespace {
@@ -188,6 +189,16 @@ __global__ void __launch_bounds__(kThreads) gdn_fwd_simple_kernel(const ForwardA
       s.S[i] = acc;
     }
     __syncthreads();
+    // A checkpoint after every ckpt_chunks whole chunks of the sequence.
+    const int64_t done = (t0 - bos) / kChunk + 1;
+    if (a.ckpt != nullptr && L == kChunk && done % a.ckpt_chunks == 0) {
+      const StateTarget t = user_checkpoints(a, n, hv);
+      const int64_t base = t.base + (done / a.ckpt_chunks - 1) * a.ckpt_sn;
+      for (int64_t i = tid; i < K * kTileV; i += kThreads) {
+        const int64_t x = i / kTileV, c = i % kTileV;
+        if (c < bv) store_float(t.ptr, t.dtype, base + x * t.sx + (v0 + c) * t.sc, s.S[i]);
+      }
+    }
   }
 
   if (a.ht != nullptr && srow >= 0) {

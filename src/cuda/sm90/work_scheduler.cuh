@@ -55,6 +55,7 @@ struct WorkItem {
   bool read_v = true, write_o = true;
   StateSource init;
   StateTarget final_state;
+  bool true_start = false;  // runs from the sequence's true state (its checkpoints are its to write)
   ChainLink link;
 };
 
@@ -134,6 +135,30 @@ __device__ inline StateTarget user_final_state(const ForwardArgs& a, int64_t n, 
   return t;
 }
 
+// Row of sequence n's first checkpoint: Σ_{m<n} floor(len_m / (64 e)).
+__device__ inline int64_t checkpoint_row0(const ForwardArgs& a, int64_t n) {
+  const int64_t every = int64_t(kWorkItemChunk) * a.ckpt_chunks;
+  if (a.cu_seqlens == nullptr) return n * (a.T / every);
+  int64_t row = 0;
+  for (int64_t m = 0; m < n; ++m) {
+    const SequenceRange r = sequence_range(a.cu_seqlens, a.cu_seqlens_int64, a.T, m);
+    row += (r.eos - r.bos) / every;
+  }
+  return row;
+}
+
+// Sequence n's checkpoints of value head hv (the target's base: its first row;
+// rows ckpt_sn apart), for an item that runs from its true start state
+// (WorkItem::true_start).
+__device__ inline StateTarget user_checkpoints(const ForwardArgs& a, int64_t n, int64_t hv) {
+  StateTarget t;
+  if (a.ckpt == nullptr || a.ckpt_chunks <= 0) return t;
+  t.ptr = a.ckpt, t.dtype = a.ckpt_dtype, t.base = checkpoint_row0(a, n) * a.ckpt_sn + hv * a.ckpt_sh;
+  t.sx = a.state_v_first ? a.ckpt_s3 : a.ckpt_s2;
+  t.sc = a.state_v_first ? a.ckpt_s2 : a.ckpt_s3;
+  return t;
+}
+
 // Offset of a piece state in ForwardArgs::piece_states.
 __device__ __forceinline__ int64_t piece_state_base(const ForwardArgs& a, int64_t slot, int64_t hv, int kind) {
   return ((slot * a.HV + hv) * kPieceStateKinds + kind) * a.K * a.V;
@@ -178,6 +203,7 @@ __device__ __forceinline__ WorkItem sequence_pass_item(const ForwardArgs& a, int
   w.chunk_end = chunk_count(w.seq);
   w.init = user_initial_state(a, w.n, w.hv);
   w.final_state = user_final_state(a, w.n, w.hv);
+  w.true_start = true;  // every chained piece starts from its true start state
   if (!chained) return w;
   const int64_t pieces = piece_count(a, w.seq);
   w.chunk_begin = j * a.piece_chunks;
@@ -227,6 +253,7 @@ __device__ __forceinline__ WorkItem piece_pass_item(const ForwardArgs& a, int64_
       w.init.mode = StateSource::kIdentity;
     } else if (j == 0) {
       w.init = user_initial_state(a, w.n, w.hv);
+      w.true_start = kind == kPieceLocal;  // piece 0 in full, from the true initial state
     }
     if (j == 0 && last) {
       w.final_state = user_final_state(a, w.n, w.hv);
@@ -244,6 +271,7 @@ __device__ __forceinline__ WorkItem piece_pass_item(const ForwardArgs& a, int64_
   w.init.base = piece_state_base(a, slot, w.hv, kPieceStart);
   w.init.sx = a.V, w.init.sc = 1;
   if (last) w.final_state = user_final_state(a, w.n, w.hv);
+  w.true_start = true;
   return w;
 }
 

@@ -85,6 +85,13 @@ struct TokenMaps {
 template <typename Element>
 struct ParkedItem {
   StateTarget final_state;
+  // State checkpoints (the kernel's checkpoint instance only): the target at
+  // the sequence's first row, rows `checkpoint_rows` apart; one every
+  // `checkpoint_every` chunks of the sequence, whose first `checkpoint_done`
+  // chunks precede the item's.
+  StateTarget checkpoints;
+  volatile int64_t checkpoint_rows, checkpoint_done;
+  volatile int checkpoint_every;
   volatile int output_mode;  // OutputMode
   Element* volatile o_rows;  // o at the item's first token
   // o's tensor-store coordinates: the item's first token, value head, batch row,

@@ -182,7 +182,25 @@ struct StateChain {
     wgmma::fence_operands(s_acc);
   }
 
-  // The chunk loop over nc chunks, each handed over by the producer.
+  // After chunk c of nc: the state to its checkpoint row when the sequence's
+  // chunks done so far are a multiple of the interval (and the chunk whole:
+  // a partial chunk ends the sequence short of the next checkpoint).
+  __device__ __forceinline__ void store_checkpoint(int c, int nc) const {
+    const StateTarget& parked = s.parked.checkpoints;
+    const int64_t done = s.parked.checkpoint_done + c + 1, every = s.parked.checkpoint_every;
+    if (parked.ptr == nullptr || done % every != 0 || (c == nc - 1 && s.parked.last_rows < kChunk)) return;
+    StateTarget t = parked;
+    t.base += (done / every - 1) * s.parked.checkpoint_rows;
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int v = v0 + 16 * wr + lane_group + ((i >> 1) & 1) * 8, k = 8 * (i >> 2) + 2 * lane_in_group + (i & 1);
+      t.store(k, v, s_acc[i]);
+    }
+  }
+
+  // The chunk loop over nc chunks, each handed over by the producer
+  // (kCheckpoints: the kernel's instance that writes state checkpoints).
+  template <bool kCheckpoints>
   __device__ __forceinline__ void run(int nc, const OutputEpilogue<Element>& output) {
     for (int c = 0; c < nc; ++c) {
       const int stage = c & 1;
@@ -208,6 +226,7 @@ struct StateChain {
       StageFree::arrive(stage);
       // 4. O to the output tile and on to o.
       output.write_chunk(o_acc, stage, c, nc);
+      if constexpr (kCheckpoints) store_checkpoint(c, nc);
     }
     output.finish(nc);
   }
