@@ -38,13 +38,32 @@ struct PrepSmem {
 };
 static_assert(2 * (sizeof(PrepSmem) + 1024) <= 228 * 1024, "two prep CTAs a SM");
 
+// C (16 rows x 8 columns, an m16n8 accumulator) += A (16 x kK) B (kK x 8), both
+// fp32 row-major in shared memory, multiplied in tf32 from k-step k_first / 8 on
+// (the steps before contribute nothing where B is lower triangular).
+template <int kK>
+__device__ __forceinline__ void mma_rows_tf32(float (&c)[4], const float* a, const float* b, int k_first, int lane) {
+  constexpr int ld = kChunk + 1;
+  const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int k0 = 0; k0 < kK; k0 += 8) {
+    if (k0 < k_first) continue;
+    const uint32_t af[4] = {mma::to_tf32(a[g * ld + k0 + t]), mma::to_tf32(a[(g + 8) * ld + k0 + t]),
+                            mma::to_tf32(a[g * ld + k0 + t + 4]), mma::to_tf32(a[(g + 8) * ld + k0 + t + 4])};
+    mma::mma_tf32_m16n8k8(c, af, mma::to_tf32(b[(k0 + t) * ld + g]), mma::to_tf32(b[(k0 + t + 4) * ld + g]));
+  }
+}
+
 // M = (I + A)⁻¹ for A strictly lower (64x64 fp32; M holds the identity on
-// entry), by 16x16 blocks: the four diagonal blocks by forward substitution
-// (warp b block b, a lane a column), then the blocks below the diagonal by
-// distance d = 1, 2, 3:  M_ij = −M_ii Σ_{j ≤ k < i} A_ik M_kj  (j = i − d).
+// entry), in three levels: the four 16x16 diagonal blocks by forward
+// substitution (warp b block b, a lane a column); then the block below each
+// 32x32 diagonal block's diagonal, M_10 = −(M_11 A_10) M_00 (warps 0 and 1, one
+// block each, tf32 mma); then the 32x32 block below the diagonal,
+// M_10 = −(M_11 A_10) M_00 again with 32x32 blocks (every warp a 16x8 tile of
+// each product, the first product through t). Ends with a barrier.
 __device__ void invert_unit_lower(float (&a)[kChunk][kChunk + 1], float (&m)[kChunk][kChunk + 1],
                                   float (&t)[kChunk][kChunk + 1]) {
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, q = lane & 3;
   if (warp < 4) {
     const int o = 16 * warp, c = lane % 16, part = lane / 16;
     for (int r = 1; r < 16; ++r) {
@@ -58,23 +77,55 @@ __device__ void invert_unit_lower(float (&a)[kChunk][kChunk + 1], float (&m)[kCh
     }
   }
   __syncthreads();
-  for (int d = 1; d < 4; ++d) {
-    const int blocks = 4 - d;  // (i, j) = (d + b, b)
-    for (int e = tid; e < blocks * 256; e += kThreads) {
-      const int b = e / 256, r = (e % 256) / 16, c = e % 16, i = d + b, j = b;
-      float x = 0.f;
-      for (int k = 16 * j; k < 16 * i; ++k) x += a[16 * i + r][k] * m[k][16 * j + c];
-      t[16 * i + r][16 * j + c] = x;
+  if (warp < 2) {  // 16x16 blocks below the diagonal of the 32x32 block at o
+    const int o = 32 * warp;
+    float x[2][4] = {};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) mma_rows_tf32<16>(x[nt], &m[o + 16][o + 16], &a[o + 16][o + 8 * nt], 0, lane);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      t[o + 16 + g][o + 8 * nt + 2 * q] = x[nt][0];
+      t[o + 16 + g][o + 8 * nt + 2 * q + 1] = x[nt][1];
+      t[o + 24 + g][o + 8 * nt + 2 * q] = x[nt][2];
+      t[o + 24 + g][o + 8 * nt + 2 * q + 1] = x[nt][3];
     }
-    __syncthreads();
-    for (int e = tid; e < blocks * 256; e += kThreads) {
-      const int b = e / 256, r = (e % 256) / 16, c = e % 16, i = d + b, j = b;
-      float x = 0.f;
-      for (int k = 0; k <= r; ++k) x += m[16 * i + r][16 * i + k] * t[16 * i + k][16 * j + c];
-      m[16 * i + r][16 * j + c] = -x;
+    __syncwarp();
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+      float y[4] = {};
+      mma_rows_tf32<16>(y, &t[o + 16][o], &m[o][o + 8 * nt], 8 * nt, lane);
+      m[o + 16 + g][o + 8 * nt + 2 * q] = -y[0];
+      m[o + 16 + g][o + 8 * nt + 2 * q + 1] = -y[1];
+      m[o + 24 + g][o + 8 * nt + 2 * q] = -y[2];
+      m[o + 24 + g][o + 8 * nt + 2 * q + 1] = -y[3];
     }
-    __syncthreads();
   }
+  __syncthreads();
+  // The 32x32 block at rows 32, columns 0: warp w the 16x8 tile at rows 16 (w / 4),
+  // columns 8 (w % 4) of each product.
+  const int r0 = 16 * (warp / 4), c0 = 8 * (warp % 4);
+  {
+    float x[4] = {};  // (M_11 A_10) tile; M_11's rows r0.. are zero past column r0 + 16
+    if (r0 == 0) {
+      mma_rows_tf32<16>(x, &m[32][32], &a[32][c0], 0, lane);
+    } else {
+      mma_rows_tf32<32>(x, &m[48][32], &a[32][c0], 0, lane);
+    }
+    t[32 + r0 + g][c0 + 2 * q] = x[0];
+    t[32 + r0 + g][c0 + 2 * q + 1] = x[1];
+    t[40 + r0 + g][c0 + 2 * q] = x[2];
+    t[40 + r0 + g][c0 + 2 * q + 1] = x[3];
+  }
+  __syncthreads();
+  {
+    float y[4] = {};  // M_00 is zero above its diagonal: k from c0
+    mma_rows_tf32<32>(y, &t[32 + r0][0], &m[0][c0], c0, lane);
+    m[32 + r0 + g][c0 + 2 * q] = -y[0];
+    m[32 + r0 + g][c0 + 2 * q + 1] = -y[1];
+    m[40 + r0 + g][c0 + 2 * q] = -y[2];
+    m[40 + r0 + g][c0 + 2 * q + 1] = -y[3];
+  }
+  __syncthreads();
 }
 
 __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_tc_prep_kernel(const BackwardArgs a) {
@@ -90,6 +141,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_tc_prep_kernel(const Back
 
   load_rows<kThreads, kDim>(q, static_cast<const bf16*>(f.q) + cr.row * f.q_sb + cr.t0 * f.q_st + h * f.q_sh, f.q_st, L);
   load_rows<kThreads, kDim>(k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + h * f.k_sh, f.k_st, L);
+  commit_async_copies();  // q and k first: K̂ K̂ᵀ and Q̂ K̂ᵀ start while v and dO land
   load_rows<kThreads, kDim>(vb, static_cast<const bf16*>(f.v) + cr.row * f.v_sb + cr.t0 * f.v_st + hv * f.v_sh, f.v_st,
                             L);
   load_rows<kThreads, kDim>(dos,
@@ -98,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_tc_prep_kernel(const Back
   float g = load_chunk_gates(f, cr, hv, s.beta);
   g = chunk_scan(g, &s.carry, false);  // γ; padded rows repeat the last value
   if (tid < kChunk) s.gamma[tid] = g;
-  wait_async_copies();
+  wait_async_copies_but<1>();
   __syncthreads();
   scale_rows<kThreads>(q, L, f.use_qk_l2norm, [](int) { return 1.f; }, s.rq);
   scale_rows<kThreads>(k, L, f.use_qk_l2norm, [](int) { return 1.f; }, s.rk);
@@ -111,7 +163,6 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_tc_prep_kernel(const Back
           make_float4(expf(gl - g) * s.rk[tid], f.scale * expf(g) * s.rq[tid], expf(gl), g);
     }
   }
-  __syncthreads();
   // K̂ K̂ᵀ -> A (fp32); Q̂ K̂ᵀ stays in registers until Q̂'s memory is free again.
   const int pm0 = 16 * (warp % 4), pn0 = 32 * (warp / 4);
   float qk[1][4][4];
@@ -127,6 +178,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_tc_prep_kernel(const Back
     });
   }
   for (int i = tid; i < kChunk * kChunk; i += kThreads) s.minv[i / kChunk][i % kChunk] = i / kChunk == i % kChunk;
+  wait_async_copies();  // v and dO
   __syncthreads();  // Q̂ and K̂ read: K̂ becomes diag(β e^γ) K̂, V diag(β) V (pairs)
   for (int i = tid; i < kChunk * kDim / 2; i += kThreads) {
     const int r = i / (kDim / 2), c = 2 * (i % (kDim / 2));
