@@ -19,6 +19,7 @@ struct BackwardPlan {
   std::string reason;  // why not the tensor-core backward ("" when it runs)
   SimpleBackwardLayout simple;
   TensorCoreBackwardLayout tc;
+  int chain_columns = 32;  // the tensor-core chains' value columns a CTA (chains_value_columns)
   size_t bytes = 0;    // workspace: the debug check word, then the chosen backward's arrays
 };
 

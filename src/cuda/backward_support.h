@@ -1,5 +1,6 @@
 // Which backward calls the tensor-core backward (gdn_bwd_tc_sm90.h) covers,
-// and why not where it does not; the simple backward runs everything else.
+// and why not where it does not (the simple backward runs everything else),
+// and how wide its chains run.
 // Host-only and header-only (unit-tested without a GPU).
 #pragma once
 
@@ -45,6 +46,15 @@ inline std::string tensor_core_backward_refusal(const BackwardArgs& a) {
     }
   }
   return "";
+}
+
+// The chains' value columns a CTA: 32, unless the 32-column chains would fill
+// fewer than half of the GPU's SMs (one CTA a SM: few (sequence, value head)
+// pairs), then 16. forced (16 or 32) overrides; other values are ignored.
+inline int chains_value_columns(int64_t N, int64_t HV, int sm_count, int64_t forced) {
+  if (forced == 16 || forced == 32) return static_cast<int>(forced);
+  const int64_t ctas = 2 * (128 / 32) * N * HV;  // both directions
+  return sm_count > 0 && 2 * ctas <= sm_count ? 16 : 32;
 }
 
 }  // namespace flashqla::cuda

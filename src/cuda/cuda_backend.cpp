@@ -241,6 +241,8 @@ BackwardPlan plan_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p
   if (plan.tensor_core) {
     plan.tc = tensor_core_backward_layout(pr.B, pr.T, pr.N, pr.HV, pr.varlen, kCuSeqlensCheckBytes);
     plan.bytes = plan.tc.bytes;
+    // FLASHQLA_BACKWARD_CHAIN_COLUMNS=16|32 forces the chains' width (read at every call).
+    plan.chain_columns = chains_value_columns(pr.N, pr.HV, sm_count(), env_int("FLASHQLA_BACKWARD_CHAIN_COLUMNS", 0));
   } else {
     plan.simple = simple_backward_layout(pr.B, pr.T, pr.N, pr.HV, pr.K, pr.V, pr.varlen, kCuSeqlensCheckBytes,
                                          max_shared_memory_per_block(entry));
@@ -303,10 +305,10 @@ void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const B
     a.rows = reinterpret_cast<float4*>(ws + l.rows);
     a.states = reinterpret_cast<uint16_t*>(ws + l.states);
     a.dstates = reinterpret_cast<uint16_t*>(ws + l.dstates);
-    FLASHQLA_PLAN("%s: tensor-core backward: %lld chunk slots, workspace %zu bytes", entry,
-                  (long long)l.chunk_slots, l.bytes);
+    FLASHQLA_PLAN("%s: tensor-core backward: %lld chunk slots, chains of %d value columns, workspace %zu bytes",
+                  entry, (long long)l.chunk_slots, plan.chain_columns, l.bytes);
     check_cuda(launch_gdn_bwd_tc_prep(a, p.fwd.stream), entry, "tensor-core backward prep launch");
-    check_cuda(launch_gdn_bwd_tc_chains(a, p.fwd.stream), entry, "tensor-core backward chains launch");
+    check_cuda(launch_gdn_bwd_tc_chains(a, plan.chain_columns, p.fwd.stream), entry, "tensor-core backward chains launch");
     check_cuda(launch_gdn_bwd_tc_grads(a, p.fwd.stream), entry, "tensor-core backward grads launch");
     return;
   }

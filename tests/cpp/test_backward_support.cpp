@@ -77,5 +77,20 @@ TEST(BackwardSupport, RowsMustBe16ByteAligned) {
   EXPECT_EQ(tensor_core_backward_refusal(a), "");
 }
 
+// The chains run 16 value columns a CTA only where the 32-column chains (4
+// tiles x 2 directions a (sequence, value head)) would fill at most half the
+// SMs, so the narrow chains always fit one wave.
+TEST(TensorCoreBackwardSupport, ChainsNarrowOnlyWhereFewChainsWouldLeaveSmsIdle) {
+  using flashqla::cuda::chains_value_columns;
+  EXPECT_EQ(chains_value_columns(1, 4, 132, 0), 16);    // 32 CTAs
+  EXPECT_EQ(chains_value_columns(1, 8, 132, 0), 16);    // 64 CTAs: 128 narrow, one wave
+  EXPECT_EQ(chains_value_columns(1, 16, 132, 0), 32);   // 128 CTAs: one wave already
+  EXPECT_EQ(chains_value_columns(8, 32, 132, 0), 32);
+  EXPECT_EQ(chains_value_columns(1, 4, 0, 0), 32);      // SM count unknown
+  EXPECT_EQ(chains_value_columns(8, 32, 132, 16), 16);  // forced
+  EXPECT_EQ(chains_value_columns(1, 4, 132, 32), 32);
+  EXPECT_EQ(chains_value_columns(1, 4, 132, 24), 16);   // not a width: ignored
+}
+
 }  // namespace
 }  // namespace flashqla_test

@@ -451,6 +451,7 @@ struct GpuBwdConfig {
   flashqla_beta_activation_t beta_act = FLASHQLA_BETA_IDENTITY;
   double g_value = NAN, beta_value = NAN;
   int64_t row_pad = 0;
+  std::string chain_columns;  // FLASHQLA_BACKWARD_CHAIN_COLUMNS ("": the plan's choice)
 };
 
 class GpuBackward : public ::testing::TestWithParam<GpuBwdConfig> {
@@ -477,6 +478,7 @@ TEST_P(GpuBackward, MatchesCpuOracle) {
   flashqla_gdn_bwd_params_t rp = ref.bwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
   ASSERT_EQ(flashqla_gdn_bwd(&rp), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
 
+  const ScopedEnv chain_columns("FLASHQLA_BACKWARD_CHAIN_COLUMNS", f.chain_columns);
   DeviceBackwardCall call(c);
   const std::vector<std::unique_ptr<DeviceTensor>>& dev = call.dev;
   flashqla_gdn_bwd_params_t& p = call.p;
@@ -555,6 +557,20 @@ std::vector<GpuBwdConfig> gpu_backward_configs() {
     f.T = 0;
     f.cu_seqlens = {0, 3, 67, 67, 200, 263, 264, 400, 528, 600, 700, 701};
     v.push_back(f);
+    // The chains at both widths on the same shapes (the plan picks 16 value
+    // columns a CTA only where few chains would leave the SMs idle).
+    for (const char* cols : {"16", "32"}) {
+      f.chain_columns = cols;
+      f.name = std::string("varlen_many_chains") + cols;
+      v.push_back(f);
+      f.name = std::string("len1000_gqa2_chains") + cols;
+      f.T = 1000;
+      f.cu_seqlens.clear();
+      v.push_back(f);
+      f.T = 0;
+      f.cu_seqlens = {0, 3, 67, 67, 200, 263, 264, 400, 528, 600, 700, 701};
+    }
+    f.chain_columns.clear();
   }
   for (int64_t ratio : {1, 3, 16}) {
     GpuBwdConfig f;

@@ -36,21 +36,31 @@ using namespace bwd;
 
 constexpr int kThreads = 256;
 constexpr int kChainThreads = 128;  // warps 0-3; the producer is warps 4-7
-constexpr int kVt = 32;             // value columns a CTA
-constexpr int kLdVt = kVt + 8;      // 80-byte rows
-constexpr int kTiles = kDim / kVt;
 constexpr int kStages = 3;  // chunk ci in stage ci % 3; its rows are copied from chunk ci − 2 on
-constexpr int kDVecs = 8;   // D's float4s a thread (2 x 4 fragments of 4)
+
+// kVt value columns a CTA: 32, or 16 where 32 would leave most SMs idle (few
+// (sequence, value head) chains: twice the CTAs, each chunk's step shorter).
+template <int kVt>
+struct Columns {
+  static_assert(kVt == 16 || kVt == 32, "16 or 32 value columns a CTA");
+  static constexpr int kLd = kVt + 8;          // 48- or 80-byte rows of the narrow row tiles
+  static constexpr int kTiles = kDim / kVt;    // CTAs a (sequence, value head) and direction
+  static constexpr int kDVecs = kVt / 4;       // D's float4s a thread (2 x kVt / 8 fragments of 4)
+  static constexpr int kNT = kVt / 8;          // n-tiles of 8 columns
+};
 
 // Tiles the chain's wgmmas read: k and W as [64 tokens][128 keys] in the
 // 128-byte swizzle (A operands: K-major for K dS' / W S, MN-major for
 // Wᵀ dVd / Kᵀ Vd), the state slice [128 keys][32 values] and Vd [64][32] in
 // core matrices (MN-major B operands).
 using WideTile = mma::Swizzled128Tile<bf16, kChunk>;
+template <int kVt>
 using NarrowTile = mma::CoreTile<bf16, kVt>;
 
 // One chunk's inputs (q and dO: the gradient chain only).
+template <int kVt>
 struct ChainStage {
+  static constexpr int kLdVt = Columns<kVt>::kLd, kDVecs = Columns<kVt>::kDVecs;
   bf16 k[kChunk * kDim], w[kChunk * kDim];  // WideTile each (1024-byte aligned)
   union {
     bf16 q[kChunk * kLdWide];          // q's rows, as loaded
@@ -60,16 +70,19 @@ struct ChainStage {
   bf16 dos[kChunk * kLdVt];  // dO columns, then diag(scale e^γ r_q) dO's hi part
   float4 rows[kChunk];       // BackwardArgs::rows; zero past the chunk's end
 };
-static_assert(sizeof(float4) * kDVecs * kChainThreads == sizeof(float) * kDim * kVt, "D: 128 x 32 fp32");
-static_assert(sizeof(ChainStage) % 1024 == 0, "each stage's swizzled tiles 1024-byte aligned");
 
+template <int kVt>
 struct ChainSmem {
-  ChainStage stage[kStages];
+  static constexpr int kLdVt = Columns<kVt>::kLd;
+  static_assert(sizeof(float4) * Columns<kVt>::kDVecs * kChainThreads == sizeof(float) * kDim * kVt, "D: 128 x kVt fp32");
+  static_assert(sizeof(ChainStage<kVt>) % 1024 == 0, "each stage's swizzled tiles 1024-byte aligned");
+  ChainStage<kVt> stage[kStages];
   bf16 dlo[kChunk * kLdVt];  // the producer's lo part of diag(scale e^γ r_q) dO
   bf16 st[kDim * kVt];       // NarrowTile: the state slice in bf16, the B operand of W S / K dS'
   bf16 vd[kChunk * kVt];     // NarrowTile: diag(r_k b) Vd (state chain) or −dVd (gradient chain)
 };
-constexpr size_t kSmemBytes = sizeof(ChainSmem) + 1024;  // room to align the base to 1024 bytes
+template <int kVt>
+constexpr size_t kSmemBytes = sizeof(ChainSmem<kVt>) + 1024;  // room to align the base to 1024 bytes
 
 using ChainWarps = ws::NamedBarrier<1, 1, kChainThreads>;
 using ProducerWarps = ws::NamedBarrier<2, 1, kThreads - kChainThreads>;
@@ -80,12 +93,18 @@ static_assert(ws::named_barriers_disjoint<ChainWarps, ProducerWarps, HandOver>()
 
 __device__ __forceinline__ int next_stage(int stage) { return stage == kStages - 1 ? 0 : stage + 1; }
 
+template <int kVt>
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const BackwardArgs a) {
+  constexpr int kLdVt = Columns<kVt>::kLd, kTiles = Columns<kVt>::kTiles, kDVecs = Columns<kVt>::kDVecs;
+  constexpr int kNT = Columns<kVt>::kNT;
+  using Stage = ChainStage<kVt>;
+  using Smem = ChainSmem<kVt>;
+  using Narrow = NarrowTile<kVt>;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   // The base aligned to 1024 bytes by an offset, so the compiler keeps shared
   // addressing (LDS/STS, not generic loads and stores).
   const uint32_t misaligned = mma::smem_addr(smem_raw) % 1024;
-  ChainSmem& s = *reinterpret_cast<ChainSmem*>(smem_raw + (misaligned ? 1024 - misaligned : 0));
+  Smem& s = *reinterpret_cast<Smem*>(smem_raw + (misaligned ? 1024 - misaligned : 0));
   const ForwardArgs& f = a.f;
   const int64_t v0 = (int64_t(blockIdx.x) % kTiles) * kVt;
   const int64_t hv = (int64_t(blockIdx.x) / kTiles) % f.HV, n = int64_t(blockIdx.x) / kTiles / f.HV;
@@ -107,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
     const bf16* const do_base = static_cast<const bf16*>(a.d_o) + seq.row * a.do_sb + hv * a.do_sh + v0;
     const bf16* const w_base = reinterpret_cast<const bf16*>(a.w);
     const bf16* const in_base = reinterpret_cast<const bf16*>(grad ? a.z : a.u0) + v0;
-    auto issue_loads = [&](int64_t ci, ChainStage& g) {
+    auto issue_loads = [&](int64_t ci, Stage& g) {
       const int64_t t0 = seq.bos + chunk_at(ci) * kChunk;
       const int L = int(min64(kChunk, seq.eos - t0));
       const int64_t tok = token_index(seq.row, t0, f.T, hv, f.HV, kDim);
@@ -129,7 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
     }
     int stage = 0;  // ci % kStages
     for (int64_t ci = 0; ci < n_chunks; ++ci) {
-      ChainStage& g = s.stage[stage];
+      Stage& g = s.stage[stage];
       wait_async_copies_but<kStages - 2>();  // this thread's copies of chunk ci
       if (grad) {
         ProducerWarps::sync();  // everyone's copies of chunk ci
@@ -146,20 +165,20 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
         ProducerWarps::sync();
         // D's rows as the chain warpgroup's accumulators hold them: block b,
         // rows 64 b + 16 w .. 64 b + 16 w + 15 (w the chain warp = pw).
-        float d[2][1][4][4];
+        float d[2][1][kNT][4];
         zero(d[0]);
         zero(d[1]);
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
-          warp_gemm<1, 4, true, false, kChunk / 16>(d[b], q, dhi, 64 * b + 16 * pw, 0, kChunk);
-          warp_gemm<1, 4, true, false, kChunk / 16>(d[b], q, dlo, 64 * b + 16 * pw, 0, kChunk);
+          warp_gemm<1, kNT, true, false, kChunk / 16>(d[b], q, dhi, 64 * b + 16 * pw, 0, kChunk);
+          warp_gemm<1, kNT, true, false, kChunk / 16>(d[b], q, dlo, 64 * b + 16 * pw, 0, kChunk);
         }
         ProducerWarps::sync();  // q read: D goes over it
 #pragma unroll
         for (int b = 0; b < 2; ++b)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            g.qd.d[(4 * b + j) * kChainThreads + 32 * pw + lane] =
+          for (int j = 0; j < kNT; ++j) {
+            g.qd.d[(kNT * b + j) * kChainThreads + 32 * pw + lane] =
                 make_float4(d[b][0][j][0], d[b][0][j][1], d[b][0][j][2], d[b][0][j][3]);
           }
       }
@@ -176,14 +195,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   // ---- chain: one warpgroup, the state slice in wgmma accumulators ----
   // S[b][4 j + e]: key row 64 b + 16 w + g + 8 (e / 2), value column 8 j + 2 t + e % 2
   // (w the warp, g = lane / 4, t = lane % 4).
-  const NarrowTile st{s.st}, vd{s.vd};
-  float S[2][16];
+  const Narrow st{s.st}, vd{s.vd};
+  float S[2][4 * kNT];
   auto for_each_state = [&](auto f) {
     const int g8 = lane / 4, t4 = lane % 4;
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           f(64 * b + 16 * warp + g8 + 8 * hh, 8 * j + 2 * t4, S[b][4 * j + 2 * hh], S[b][4 * j + 2 * hh + 1]);
@@ -202,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   uint16_t* const states = grad ? a.dstates : a.states;
   int stage = 0;
   for (int64_t ci = 0; ci < n_chunks; ++ci) {
-    ChainStage& g = s.stage[stage];
+    Stage& g = s.stage[stage];
     const int64_t c = chunk_at(ci);
     for_each_state([&](int r, int col, float& x0, float& x1) { store_pair(st, r, col, x0, x1); });
     wgmma::fence_shared_for_async();
@@ -211,9 +230,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
     float el;
     float4 dvec[kDVecs];  // D's rows of this thread (gradient chain)
     {  // the 64 x 32 chunk product K dS' or W S (m64n32, A K-major, B the state slice MN-major)
-      float y[16];
+      float y[4 * kNT];
 #pragma unroll
-      for (int i = 0; i < 16; ++i) y[i] = 0.f;
+      for (int i = 0; i < 4 * kNT; ++i) y[i] = 0.f;
       const WideTile lhs{grad ? g.k : g.w};
       wgmma::fence(y);
 #pragma unroll
@@ -239,19 +258,19 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
         for (int i = 0; i < kDVecs; ++i) dvec[i] = g.qd.d[i * kChainThreads + tid];
       }
       const int g8 = lane / 4, t4 = lane % 4;
-      uint32_t base[4][2];
+      uint32_t base[kNT][2];
       float f0[2];
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = 16 * warp + g8 + 8 * hh;
         f0[hh] = g.rows[r].x;  // e^{γ_L − γ} r_k, zero past the chunk's end
 #pragma unroll
-        for (int j = 0; j < 4; ++j) base[j][hh] = *reinterpret_cast<const uint32_t*>(in.at(r, 8 * j + 2 * t4));
+        for (int j = 0; j < kNT; ++j) base[j][hh] = *reinterpret_cast<const uint32_t*>(in.at(r, 8 * j + 2 * t4));
       }
       wgmma::wait<0>();
       wgmma::fence_operands(y);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
+      for (int j = 0; j < kNT; ++j)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = 16 * warp + g8 + 8 * hh, col = 8 * j + 2 * t4;
@@ -269,8 +288,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
 #pragma unroll
     for (int b = 0; b < 2; ++b)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float4 dv = grad ? dvec[4 * b + j] : make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int j = 0; j < kNT; ++j) {
+        const float4 dv = grad ? dvec[kNT * b + j] : make_float4(0.f, 0.f, 0.f, 0.f);
         S[b][4 * j + 0] = el * S[b][4 * j + 0] + dv.x;
         S[b][4 * j + 1] = el * S[b][4 * j + 1] + dv.y;
         S[b][4 * j + 2] = el * S[b][4 * j + 2] + dv.z;
@@ -304,17 +323,24 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   }
 }
 
-}  // namespace
-
-cudaError_t launch_gdn_bwd_tc_chains(const BackwardArgs& args, cudaStream_t stream) {
-  const size_t smem = kSmemBytes;
-  cudaError_t err = cudaFuncSetAttribute(gdn_bwd_tc_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+template <int kVt>
+cudaError_t launch_chains(const BackwardArgs& args, cudaStream_t stream) {
+  constexpr size_t smem = kSmemBytes<kVt>;
+  cudaError_t err = cudaFuncSetAttribute(gdn_bwd_tc_chain_kernel<kVt>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  const int64_t blocks = kTiles * args.f.HV * args.f.N;
+  const int64_t blocks = Columns<kVt>::kTiles * args.f.HV * args.f.N;
   if (blocks == 0) return cudaSuccess;
-  gdn_bwd_tc_chain_kernel<<<dim3(static_cast<unsigned>(blocks), 2), kThreads, smem, stream>>>(args);
+  gdn_bwd_tc_chain_kernel<kVt><<<dim3(static_cast<unsigned>(blocks), 2), kThreads, smem, stream>>>(args);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_gdn_bwd_tc_chains(const BackwardArgs& args, int value_columns, cudaStream_t stream) {
+  if (value_columns == 16) return launch_chains<16>(args, stream);
+  if (value_columns == 32) return launch_chains<32>(args, stream);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace flashqla::cuda

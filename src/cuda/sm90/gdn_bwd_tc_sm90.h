@@ -1,7 +1,7 @@
 // The tensor-core backward (K = V = 128, bf16 q, k, v and dO): three launches,
 //   1. prep   (chunk, value head): M = (I + A)⁻¹ and the state-free products
 //             W, U0, Z of each chunk            gdn_bwd_tc_prep_sm90.cu
-//   2. chains (sequence, value head, V tile) × 2: S entering and dS leaving
+//   2. chains (sequence, value head, V tile of 32 or 16) × 2: S entering and dS leaving
 //             every chunk, in bf16; d_initial_state   gdn_bwd_tc_chains_sm90.cu
 //   3. grads  (chunk, q/k head): dq, dk, dv, dg, dβ   gdn_bwd_tc_grads_sm90.cu
 // all in the workspace layout below (BackwardArgs' tensor-core fields).
@@ -43,7 +43,10 @@ inline TensorCoreBackwardLayout tensor_core_backward_layout(int64_t B, int64_t T
 }
 
 cudaError_t launch_gdn_bwd_tc_prep(const BackwardArgs& args, cudaStream_t stream);
-cudaError_t launch_gdn_bwd_tc_chains(const BackwardArgs& args, cudaStream_t stream);
+// value_columns: 32, or 16 (twice the CTAs; chains_value_columns in
+// cuda/backward_support.h chooses).
+cudaError_t launch_gdn_bwd_tc_chains(const BackwardArgs& args, int value_columns, cudaStream_t stream);
+
 cudaError_t launch_gdn_bwd_tc_grads(const BackwardArgs& args, cudaStream_t stream);
 
 }  // namespace flashqla::cuda
