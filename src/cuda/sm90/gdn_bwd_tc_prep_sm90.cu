@@ -147,6 +147,7 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_tc_prep_kernel(const Back
   load_rows<kThreads, kDim>(dos,
                             static_cast<const bf16*>(a.d_o) + cr.row * a.do_sb + cr.t0 * a.do_st + hv * a.do_sh,
                             a.do_st, L);
+  commit_async_copies();  // (wait_group counts committed groups only)
   float g = load_chunk_gates(f, cr, hv, s.beta);
   g = chunk_scan(g, &s.carry, false);  // γ; padded rows repeat the last value
   if (tid < kChunk) s.gamma[tid] = g;
