@@ -46,6 +46,13 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       1024x8, 2048x4, 4096x8 and 8192x4 rows, both pool layouts; writes
       serving_h200.csv (serving_h100.csv) and its sidecar.
       Default $OUT: benchmarks/results.
+  scale [SCALE_CHECK ARGS...]
+      The scale runs (benchmarks/scale_check.py): one 1M-token sequence and a
+      270K-token call at HV = 64 (2.2e9 elements in v), forward and backward against
+      the CPU backend in fp64 on the first and last q/k head's group, peak memory,
+      and a backward too large for the card failing cleanly; writes scale_h200.json
+      (scale_h100.json). A few minutes, most of it the fp64 reference on the CPU.
+      Default $OUT: benchmarks/results.
   full [--lean] [--require-h200] [--budget S] [ROWS-REGEX]
       check --quick, then (if it passed) bench; $OUT gets the benchmark's files,
       its log and the check's logs as check_logs.tar.gz. --lean, for short device
@@ -244,6 +251,15 @@ cmd_bench() {
 cmd_bench_bwd() {
   [[ $# -le 1 && "${1:-}" != -* ]] || { echo "usage: scripts/gpu.sh bench-bwd [ROWS-REGEX]"; exit 2; }
   run_benchmark benchmarks/bench_bwd.py "$@"
+}
+
+cmd_scale() {
+  local out="${OUT:-benchmarks/results}"
+  mkdir -p "${out}"
+  fq_install_wheels "${out}/pip-wheels.log" || { tail -n 20 "${out}/pip-wheels.log"; exit 1; }
+  python3 -m pip install -q --no-index . > "${out}/pip-install.log" 2>&1 || { tail -n 40 "${out}/pip-install.log"; exit 1; }
+  PYTHONUNBUFFERED=1 python3 benchmarks/scale_check.py --out-dir "${out}" "$@" 2>&1 | tee "${out}/scale.log"
+  exit "${PIPESTATUS[0]}"
 }
 
 cmd_bench_serving() {
@@ -530,6 +546,7 @@ case "${command}" in
   bench) cmd_bench "$@" ;;
   bench-bwd) cmd_bench_bwd "$@" ;;
   bench-serving) cmd_bench_serving "$@" ;;
+  scale) cmd_scale "$@" ;;
   full) cmd_full "$@" ;;
   iterate) cmd_iterate "$@" ;;
   bwd-iterate) cmd_bwd_iterate "$@" ;;
