@@ -1,6 +1,6 @@
 // The tensor-core backward, step 2 of 3: the two serial chains, one CTA each
-// per (sequence, value head, 32-column V tile), both directions in one launch
-// (blockIdx.y 0: the gradient chain, the longer, started first). Each keeps
+// per (sequence, value head, V tile of kVt = 32 or 16 columns), both directions
+// in one launch (blockIdx.y 0: the gradient chain, the longer, started first). Each keeps
 // its state slice in fp32 registers and stores it in bf16 at every chunk for
 // step 3:
 //   state      S entering each chunk:  Vd = U0 − W S,
@@ -16,7 +16,7 @@
 //             gradient chain it forms D, the state-free term, and leaves it in
 //             the stage (over q's rows, in the chain warps' fragment order);
 //   chain     per chunk: the state slice to bf16 (shared memory and the
-//             workspace), the 64 x 32 product K dS' or W S, Vd or −dVd, then
+//             workspace), the 64 x kVt product K dS' or W S, Vd or −dVd, then
 //             the state update: the chain's whole serial path.
 // k and q are used as loaded: their l2norm factors (BackwardArgs::rows, from
 // step 1 with the gates) scale the 64-row side instead, K̂ dS' = diag(r_k)(K dS')
@@ -51,7 +51,7 @@ struct Columns {
 
 // Tiles the chain's wgmmas read: k and W as [64 tokens][128 keys] in the
 // 128-byte swizzle (A operands: K-major for K dS' / W S, MN-major for
-// Wᵀ dVd / Kᵀ Vd), the state slice [128 keys][32 values] and Vd [64][32] in
+// Wᵀ dVd / Kᵀ Vd), the state slice [128 keys][kVt values] and Vd [64][kVt] in
 // core matrices (MN-major B operands).
 using WideTile = mma::Swizzled128Tile<bf16, kChunk>;
 template <int kVt>
@@ -74,7 +74,8 @@ struct ChainStage {
 template <int kVt>
 struct ChainSmem {
   static constexpr int kLdVt = Columns<kVt>::kLd;
-  static_assert(sizeof(float4) * Columns<kVt>::kDVecs * kChainThreads == sizeof(float) * kDim * kVt, "D: 128 x kVt fp32");
+  static_assert(sizeof(float4) * Columns<kVt>::kDVecs * kChainThreads == sizeof(float) * kDim * kVt,
+                "D: 128 x kVt fp32");
   static_assert(sizeof(ChainStage<kVt>) % 1024 == 0, "each stage's swizzled tiles 1024-byte aligned");
   ChainStage<kVt> stage[kStages];
   bf16 dlo[kChunk * kLdVt];  // the producer's lo part of diag(scale e^γ r_q) dO
@@ -229,7 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
     const Tile in{g.in, kLdVt};
     float el;
     float4 dvec[kDVecs];  // D's rows of this thread (gradient chain)
-    {  // the 64 x 32 chunk product K dS' or W S (m64n32, A K-major, B the state slice MN-major)
+    {  // the 64 x kVt chunk product K dS' or W S (m64nKvt, A K-major, B the state slice MN-major)
       float y[4 * kNT];
 #pragma unroll
       for (int i = 0; i < 4 * kNT; ++i) y[i] = 0.f;
@@ -296,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
         S[b][4 * j + 3] = el * S[b][4 * j + 3] + dv.w;
       }
     ChainWarps::sync();  // vd in; st read
-    {  // S += Wᵀ (−dVd) or Kᵀ (r_k b Vd): two m64n32, A MN-major (the tile's keys), B vd MN-major
+    {  // S += Wᵀ (−dVd) or Kᵀ (r_k b Vd): two m64nKvt, A MN-major (the tile's keys), B vd MN-major
       const WideTile upd{grad ? g.w : g.k};
       wgmma::fence_operands(S[0]);
       wgmma::fence(S[1]);
