@@ -20,6 +20,7 @@ from .gated_delta_rule import (
     chunk_gated_delta_rule_fwd,
     kernel_choice,
 )
+from .context_parallel import chunk_gated_delta_rule_cp
 from .serving import chunk_gated_delta_rule_pooled
 
 __version__ = "0.1.0"
@@ -29,6 +30,7 @@ __all__ = [
     "chunk_gated_delta_rule_fwd",
     "chunk_gated_delta_rule_bwd",
     "chunk_gated_delta_rule_pooled",
+    "chunk_gated_delta_rule_cp",
     "kernel_choice",
     "KernelChoice",
     "__version__",
