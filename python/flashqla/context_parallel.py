@@ -30,9 +30,12 @@ from .gated_delta_rule import chunk_gated_delta_rule_bwd, chunk_gated_delta_rule
 
 
 def _gather(x: torch.Tensor, group) -> list[torch.Tensor]:
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, x.contiguous(), group=group)
-    return parts
+    """Every rank's x, in rank order (through the host where the group is gloo and x on a GPU)."""
+    via_host = x.is_cuda and dist.get_backend(group) == "gloo"
+    y = x.detach().cpu() if via_host else x.contiguous()
+    parts = [torch.empty_like(y) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, y, group=group)
+    return [p.to(x.device) for p in parts] if via_host else parts
 
 
 def _transition(q, k, g, beta, scale, K, flags):

@@ -1,6 +1,7 @@
-"""Context parallelism on the CPU backend: one sequence split across 2 and 4 gloo
-processes (flashqla.context_parallel), forward and backward, against the same
-sequence on one process, in fp64 (≤ 1e-10 relative)."""
+"""Context parallelism: one sequence split across 2 and 4 gloo processes
+(flashqla.context_parallel), forward and backward, against the same sequence on one
+process: on the CPU backend in fp64 (≤ 1e-10 relative), and on one GPU with its ranks
+simulated by two processes sharing it (bf16, the GPU suite's bounds against fp64)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from conftest import rel_error
 H, HV, K, V = 2, 4, 16, 8
 
 
-def make_case(T, seed, beta_sigmoid):
+def make_case(T, seed, beta_sigmoid, K=K, V=V):
     gen = torch.Generator().manual_seed(seed)
     d = torch.float64
     # Weak decay and small beta, so a shard's transition stays far from zero (and far
@@ -54,21 +55,24 @@ def single(x, beta_sigmoid):
     return loss_and_grads(run, x)
 
 
-def worker(rank, world, port, bounds, seed, beta_sigmoid, out_dir):
+def worker(rank, world, port, bounds, seed, beta_sigmoid, out_dir, device="cpu", dims=(K, V)):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        x = make_case(bounds[-1], seed, beta_sigmoid)
+        x = make_case(bounds[-1], seed, beta_sigmoid, *dims)
         lo, hi = bounds[rank], bounds[rank + 1]
         shard = {n: (t[:, lo:hi] if n in ("q", "k", "v", "g", "beta", "do") else t) for n, t in x.items()}
+        if device == "cuda":  # bf16 tokens (the tensor-core kernels), fp32 gates and states
+            shard = {n: t.to("cuda", torch.bfloat16 if n in ("q", "k", "v", "do") else torch.float32).contiguous()
+                     for n, t in shard.items()}
 
         def run(t):
             return chunk_gated_delta_rule_cp(t["q"], t["k"], t["v"], t["g"], t["beta"], initial_state=t["h0"],
                                              output_final_state=True, use_qk_l2norm_in_kernel=True,
                                              use_beta_sigmoid_in_kernel=beta_sigmoid)
         o, ht, grads = loss_and_grads(run, shard)
-        torch.save(dict(o=o, ht=ht, **grads), os.path.join(out_dir, f"rank{rank}.pt"))
+        torch.save({n: t.cpu() for n, t in dict(o=o, ht=ht, **grads).items()}, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
@@ -99,6 +103,27 @@ def test_split_sequence_equals_one_process(tmp_path, bounds, beta_sigmoid):
     for n in ("q", "k", "v", "g", "beta"):
         got = torch.cat([p[n] for p in parts], dim=1)
         assert rel_error(got, g_ref[n]) <= 1e-10, n
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_split_sequence_on_one_gpu(tmp_path):
+    """Two ranks simulated by two processes on the one GPU (gloo moves the states through
+    the host): the CUDA forward and backward in the context-parallel path, bf16 inputs
+    rounded the same way for the fp64 CPU reference, the GPU suite's bounds."""
+    bounds, world = [0, 700, 1500], 2
+    mp.start_processes(worker, args=(world, free_port(), bounds, 11, False, str(tmp_path), "cuda", (128, 128)),
+                       nprocs=world, start_method="spawn")
+    x = make_case(bounds[-1], 11, False, 128, 128)
+    x = {n: (t.to(torch.bfloat16) if n in ("q", "k", "v", "do") else t.float()).double() for n, t in x.items()}
+    o_ref, ht_ref, g_ref = single(x, False)
+    parts = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    assert rel_error(torch.cat([p["o"] for p in parts], dim=1), o_ref) <= 0.008
+    assert rel_error(parts[1]["ht"], ht_ref) <= 0.008
+    assert rel_error(parts[0]["h0"], g_ref["h0"]) <= 0.008
+    for n, tol in (("q", 0.008), ("k", 0.008), ("v", 0.008), ("g", 0.02), ("beta", 0.008)):
+        got = torch.cat([p[n] for p in parts], dim=1)
+        assert rel_error(got, g_ref[n]) <= tol, n
 
 
 def test_needs_a_process_group():
