@@ -21,7 +21,7 @@ from conftest import rel_error
 H, HV, K, V = 2, 4, 16, 8
 
 
-def make_case(T, seed, beta_sigmoid, K=K, V=V):
+def make_case(T, seed, beta_sigmoid, K=K, V=V, N=1):
     gen = torch.Generator().manual_seed(seed)
     d = torch.float64
     # Weak decay and small beta, so a shard's transition stays far from zero (and far
@@ -31,11 +31,11 @@ def make_case(T, seed, beta_sigmoid, K=K, V=V):
              v=torch.randn(1, T, HV, V, generator=gen, dtype=d),
              g=-0.002 * torch.rand(1, T, HV, generator=gen, dtype=d),
              beta=torch.randn(1, T, HV, generator=gen, dtype=d) - 3,
-             h0=torch.randn(1, HV, K, V, generator=gen, dtype=d))
+             h0=torch.randn(N, HV, K, V, generator=gen, dtype=d))
     if not beta_sigmoid:
         x["beta"] = x["beta"].sigmoid()
     x["do"] = torch.randn(1, T, HV, V, generator=gen, dtype=d)
-    x["dht"] = torch.randn(1, HV, K, V, generator=gen, dtype=d)
+    x["dht"] = torch.randn(N, HV, K, V, generator=gen, dtype=d)
     return x
 
 
@@ -47,20 +47,21 @@ def loss_and_grads(run, x):
     return o.detach(), ht.detach(), {n: t.grad for n, t in leaves.items()}
 
 
-def single(x, beta_sigmoid):
+def single(x, beta_sigmoid, cu=None):
     def run(t):
         return flashqla.chunk_gated_delta_rule(t["q"], t["k"], t["v"], t["g"], t["beta"], initial_state=t["h0"],
                                                output_final_state=True, use_qk_l2norm_in_kernel=True,
-                                               use_beta_sigmoid_in_kernel=beta_sigmoid)
+                                               use_beta_sigmoid_in_kernel=beta_sigmoid,
+                                               cu_seqlens=None if cu is None else torch.tensor(cu))
     return loss_and_grads(run, x)
 
 
-def worker(rank, world, port, bounds, seed, beta_sigmoid, out_dir, device="cpu", dims=(K, V)):
+def worker(rank, world, port, bounds, seed, beta_sigmoid, out_dir, device="cpu", dims=(K, V), cu=None):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        x = make_case(bounds[-1], seed, beta_sigmoid, *dims)
+        x = make_case(bounds[-1], seed, beta_sigmoid, *dims, N=1 if cu is None else len(cu) - 1)
         lo, hi = bounds[rank], bounds[rank + 1]
         shard = {n: (t[:, lo:hi] if n in ("q", "k", "v", "g", "beta", "do") else t) for n, t in x.items()}
         if device == "cuda":  # bf16 tokens (the tensor-core kernels), fp32 gates and states
@@ -69,7 +70,7 @@ def worker(rank, world, port, bounds, seed, beta_sigmoid, out_dir, device="cpu",
 
         def run(t):
             return chunk_gated_delta_rule_cp(t["q"], t["k"], t["v"], t["g"], t["beta"], initial_state=t["h0"],
-                                             output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                             output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
                                              use_beta_sigmoid_in_kernel=beta_sigmoid)
         o, ht, grads = loss_and_grads(run, shard)
         torch.save({n: t.cpu() for n, t in dict(o=o, ht=ht, **grads).items()}, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -83,17 +84,22 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("bounds,beta_sigmoid", [
-    ([0, 150, 300], False),              # two ranks, shards off the 64-token chunks
-    ([0, 64, 65, 200, 333], True),        # four ranks, a one-token shard, beta logits
-    ([0, 100, 100, 260, 300], False),     # an empty shard
-], ids=["2ranks", "4ranks_sigmoid", "4ranks_empty_shard"])
-def test_split_sequence_equals_one_process(tmp_path, bounds, beta_sigmoid):
+@pytest.mark.parametrize("bounds,beta_sigmoid,cu", [
+    ([0, 150, 300], False, None),              # two ranks, shards off the 64-token chunks
+    ([0, 64, 65, 200, 333], True, None),        # four ranks, a one-token shard, beta logits
+    ([0, 100, 100, 260, 300], False, None),     # an empty shard
+    # packed batches: sequences within a shard, across two, across three (through a
+    # 31-token and an empty shard), empty and one-token sequences, one ending on a
+    # shard's edge
+    ([0, 150, 300], False, [0, 40, 180, 181, 181, 300]),
+    ([0, 60, 91, 91, 250, 333], True, [0, 10, 10, 95, 250, 251, 333]),
+], ids=["2ranks", "4ranks_sigmoid", "4ranks_empty_shard", "2ranks_varlen", "5ranks_varlen"])
+def test_split_sequence_equals_one_process(tmp_path, bounds, beta_sigmoid, cu):
     world = len(bounds) - 1
-    mp.start_processes(worker, args=(world, free_port(), bounds, 7, beta_sigmoid, str(tmp_path)), nprocs=world,
-                       start_method="spawn")
-    x = make_case(bounds[-1], 7, beta_sigmoid)
-    o_ref, ht_ref, g_ref = single(x, beta_sigmoid)
+    mp.start_processes(worker, args=(world, free_port(), bounds, 7, beta_sigmoid, str(tmp_path), "cpu", (K, V), cu),
+                       nprocs=world, start_method="spawn")
+    x = make_case(bounds[-1], 7, beta_sigmoid, N=1 if cu is None else len(cu) - 1)
+    o_ref, ht_ref, g_ref = single(x, beta_sigmoid, cu)
     parts = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     o = torch.cat([p["o"] for p in parts], dim=1)
     assert rel_error(o, o_ref) <= 1e-10
