@@ -110,13 +110,14 @@ class _ContextParallelGDN(torch.autograd.Function):
             m = _transition(x, shard.segments[0][2], scale, flags, state_dtype)
         if S and shard.last_continues:
             last_end = ends[-1]
-        flags_t = torch.tensor([shard.crossing, shard.last_continues], dtype=torch.int64, device=dev)
+        flags_t = torch.tensor([shard.crossing, shard.first_continued, shard.last_continues], dtype=torch.int64,
+                               device=dev)
         m_all, end_all = _gather(m, group), _gather(last_end, group)
-        f_all = [f.tolist() for f in _gather(flags_t, group)]
+        f_all = [f.tolist() for f in _gather(flags_t, group)]  # every rank's (crossing, first, last)
         # The state entering each rank's first segment where it is continued.
         carried = [None] * world
         for r in range(1, world):
-            crossing_prev, cont_prev = f_all[r - 1]
+            crossing_prev, _, cont_prev = f_all[r - 1]
             if crossing_prev:  # through the previous shard (or past an empty one)
                 if carried[r - 1] is not None:
                     carried[r] = torch.matmul(m_all[r - 1], carried[r - 1]) + end_all[r - 1]
@@ -136,7 +137,9 @@ class _ContextParallelGDN(torch.autograd.Function):
                 if cu[n + 1] <= cu[n]:  # an empty sequence: its final state is its initial one
                     final[n] = h0[n].to(state_dtype) if h0 is not None else 0
         ctx.save_for_backward(q, k, v, g, beta, starts)
-        ctx.shard, ctx.m, ctx.cu, ctx.scale, ctx.flags, ctx.group = shard, m, cu, scale, flags, group
+        # The backward composes with the same transitions and layout: kept, not gathered again.
+        ctx.shard, ctx.m_all, ctx.f_all, ctx.cu = shard, m_all, f_all, cu
+        ctx.scale, ctx.flags, ctx.group = scale, flags, group
         ctx.h0_dtype = h0.dtype if h0 is not None else None
         return o, final
 
@@ -159,10 +162,7 @@ class _ContextParallelGDN(torch.autograd.Function):
         first_grad = torch.zeros(HV, K, V, dtype=state_dtype, device=dev)
         if S and shard.first_continued:
             first_grad = _run_bwd(x, starts, do, dends, shard, ctx.scale, ctx.flags)[5][0]
-        flags_t = torch.tensor([shard.crossing, shard.first_continued, shard.last_continues], dtype=torch.int64,
-                               device=dev)
-        fg_all, f_all = _gather(first_grad, group), [f.tolist() for f in _gather(flags_t, group)]
-        m_all = _gather(ctx.m, group)
+        fg_all, f_all, m_all = _gather(first_grad, group), ctx.f_all, ctx.m_all
         # From the last rank back: the gradient reaching each rank's continued last segment's end.
         into_first = [None] * (world + 1)  # gradient reaching rank r's continued first segment's start
         reaching_end = [None] * world
