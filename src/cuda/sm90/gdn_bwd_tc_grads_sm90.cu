@@ -1,5 +1,6 @@
 // The tensor-core backward, step 3 of 3: every gradient of one chunk from the
-// states both chains stored, all chunks at once. One CTA per (chunk, q/k head)
+// states both chains stored, all chunks at once. One CTA of 16 warps (4 row
+// blocks x 4 column parts of every product) per (chunk, q/k head)
 // runs the head's value heads in turn, so dq and dk are summed over the GQA
 // group in registers (no partials, no atomics) and go through the l2norm
 // backward in place. Per value head, V in two halves of 64 columns (S, dS'
@@ -19,8 +20,11 @@ namespace {
 
 using namespace bwd;
 
-constexpr int kThreads = 256;
-constexpr int kHalf = 64;  // value columns a pass
+constexpr int kThreads = 512;
+constexpr int kParts = kThreads / 128;   // column parts of the warp tiles (4 row blocks of 16 each)
+constexpr int kHalf = 64;                // value columns a pass
+constexpr int kNT64 = 64 / kParts / 8;   // n-tiles a warp of a 64-column product
+constexpr int kNT128 = 128 / kParts / 8; // of a 128-column product
 
 struct GradsSmem {
   bf16 q[kChunk * kLdWide], k[kChunk * kLdWide];
@@ -31,33 +35,59 @@ struct GradsSmem {
   bf16 minv[kChunk * kLdHalf], p[kChunk * kLdHalf];
   float qk[kChunk][kChunk + 1], kk[kChunk][kChunk + 1], scratch[kChunk][kChunk + 1];
   float gamma[kChunk], beta[kChunk], eg[kChunk], b[kChunk], dgam[kChunk], dbet[kChunk];
-  // Per-row partial sums of the two warps that share a row block (index warp / 4).
-  float row_udr[2][kChunk], row_ksdr[2][kChunk], row_x[2][kChunk], row_q[2][kChunk];
-  float row_sq[2][kChunk], row_dot[2][kChunk];
+  // Per-row partial sums of the warps that share a row block (index warp / 4).
+  float row_udr[kParts][kChunk], row_ksdr[kParts][kChunk], row_x[kParts][kChunk], row_q[kParts][kChunk];
+  float row_sq[kParts][kChunk], row_dot[kParts][kChunk];
   float red[kThreads / 32], carry;
 };
 
-// Adds a quad-summed per-row value to the warp's slot of a [2][64] array
+// Adds a quad-summed per-row value to the warp's slot of a [kParts][64] array
 // (lane t == 0 of each quad writes; the two rows of a fragment).
-__device__ __forceinline__ void add_row(float (&arr)[2][kChunk], int part, int r, float v) {
+__device__ __forceinline__ void add_row(float (&arr)[kParts][kChunk], int part, int r, float v) {
   v = quad_sum(v);
   if (threadIdx.x % 4 == 0) arr[part][r] += v;
+}
+
+// Row r's sum over the column parts, in a fixed order.
+__device__ __forceinline__ float row_total(const float (&arr)[kParts][kChunk], int r) {
+  float x = arr[0][r];
+#pragma unroll
+  for (int i = 1; i < kParts; ++i) x += arr[i][r];
+  return x;
+}
+
+// x, which ptxas may not assume equal to any value it derived from x before: the
+// thread's index made opaque once a phase, so the addresses derived from it are
+// recomputed in the phase instead of hoisted out of the loops and kept (at 128
+// registers a thread, kept ones were spilled).
+__device__ __forceinline__ int opaque(int x) {
+  asm volatile("" : "+r"(x));
+  return x;
 }
 
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const BackwardArgs a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   GradsSmem& s = *reinterpret_cast<GradsSmem*>(smem_raw);
   const ForwardArgs& f = a.f;
-  const ChunkRef cr = chunk_of_slot(f, blockIdx.x);
-  if (!cr.valid) return;
+  // The chunk, kept in shared memory and read where used (uniform values that
+  // would otherwise hold registers through the whole kernel).
+  __shared__ ChunkRef chunk;
+  {
+    const ChunkRef mine = chunk_of_slot(f, blockIdx.x);
+    if (!mine.valid) return;
+    if (threadIdx.x == 0) chunk = mine;
+    __syncthreads();
+  }
+  const ChunkRef& cr = chunk;
   const int64_t h = blockIdx.y, slot = blockIdx.x;
   const int L = cr.L, tid = threadIdx.x, warp = tid / 32, part = warp / 4;
   const Tile q{s.q, kLdWide}, k{s.k, kLdWide}, st{s.s, kLdHalf}, vt{s.vt, kLdHalf}, dst{s.ds, kLdHalf}, dos{s.dos, kLdHalf},
       ru{s.ru, kLdHalf}, vd{s.vd, kLdHalf}, vdb{s.vdb, kLdHalf}, dr{s.dr, kLdHalf}, dks{s.dks, kLdHalf},
       minv{s.minv, kLdHalf}, p{s.p, kLdHalf}, dosd{s.dosd, kLdHalf}, kst{s.kst, kLdHalf}, dqk{s.vt, kLdHalf}, dasym{s.ru, kLdHalf};
-  // Warp tiles: 64 x 64 products at rows m0, columns n0; 64 x 128 at rows m0, columns n1.
-  const int m0 = 16 * (warp % 4), n0 = 32 * part, n1 = 64 * part;
-  const bool dv_pairs = bf16_pairs(a.dv, a.dv_dtype, a.dv_sb, a.dv_st, a.dv_sh);
+  // Warp tiles: 64 x 64 products at rows m0, columns n0; 64 x 128 at rows m0, columns n1
+  // (recomputed in each value head's pass and in the l2norm's, so ptxas keeps none of
+  // them, nor what it derives from them, across the loop).
+  const int m0 = 16 * (warp % 4), n0 = (64 / kParts) * part;
 
   load_rows<kThreads, kDim>(q, static_cast<const bf16*>(f.q) + cr.row * f.q_sb + cr.t0 * f.q_st + h * f.q_sh, f.q_st, L);
   load_rows<kThreads, kDim>(k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + h * f.k_sh, f.k_st, L);
@@ -67,15 +97,15 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
   scale_rows<kThreads>(k, L, f.use_qk_l2norm, [](int) { return 1.f; });
   __syncthreads();
   {  // Q̂ K̂ᵀ and K̂ K̂ᵀ, shared by the group's value heads
-    float acc[1][4][4];
+    float acc[1][kNT64][4];
     zero(acc);
-    warp_gemm<1, 4, false, true>(acc, q, k, m0, n0, kDim);
+    warp_gemm<1, kNT64, false, true>(acc, q, k, m0, n0, kDim);
     for_each_pair(acc, m0, n0, [&](int r, int c, float& x0, float& x1) {
       s.qk[r][c] = x0;
       s.qk[r][c + 1] = x1;
     });
     zero(acc);
-    warp_gemm<1, 4, false, true>(acc, k, k, m0, n0, kDim);
+    warp_gemm<1, kNT64, false, true>(acc, k, k, m0, n0, kDim);
     for_each_pair(acc, m0, n0, [&](int r, int c, float& x0, float& x1) {
       s.kk[r][c] = x0;
       s.kk[r][c + 1] = x1;
@@ -97,13 +127,19 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
     load_rows<kThreads, kHalf>(
         dos, static_cast<const bf16*>(a.d_o) + cr.row * a.do_sb + cr.t0 * a.do_st + hv * a.do_sh + cv0, a.do_st, L);
   };
-  float dq[1][8][4], dk[1][8][4];
+  float dq[1][kNT128][4], dk[1][kNT128][4];
   zero(dq);
   zero(dk);
   issue_minv(h * f.group);
   for (int64_t hv = h * f.group; hv < (h + 1) * f.group; ++hv) {
+    // This thread's index, opaque to ptxas once a value head: the elementwise
+    // passes' addresses are recomputed here instead of hoisted out of this loop
+    // (at 128 registers the hoisted ones were spilled).
+    const int tid = opaque(static_cast<int>(threadIdx.x));
+    const bool dv_pairs = bf16_pairs(a.dv, a.dv_dtype, a.dv_sb, a.dv_st, a.dv_sh);
     float g = load_chunk_gates(f, cr, hv, s.beta);
-    for (int i = tid; i < 2 * kChunk; i += kThreads) {
+#pragma unroll 1
+    for (int i = opaque(static_cast<int>(threadIdx.x)); i < kParts * kChunk; i += kThreads) {
       (&s.row_udr[0][0])[i] = 0.f;
       (&s.row_ksdr[0][0])[i] = 0.f;
       (&s.row_x[0][0])[i] = 0.f;
@@ -117,45 +153,51 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       s.b[tid] = expf(s.gamma[L - 1] - s.gamma[tid]);
     }
     // P = Γ ⊙ Q̂ K̂ᵀ (lower, diagonal included, rows < L), bf16
-    for (int i = tid; i < kChunk * kChunk / 2; i += kThreads) {
+#pragma unroll 1
+    for (int i = opaque(static_cast<int>(threadIdx.x)); i < kChunk * kChunk / 2; i += kThreads) {
       const int r = i / (kChunk / 2), c = 2 * (i % (kChunk / 2));
       const bool row_in = r < L;
       store_pair(p, r, c, row_in && c <= r ? f.scale * fast_exp(s.gamma[r] - s.gamma[c]) * s.qk[r][c] : 0.f,
                  row_in && c + 1 <= r ? f.scale * fast_exp(s.gamma[r] - s.gamma[c + 1]) * s.qk[r][c + 1] : 0.f);
     }
 
-    float dP[1][4][4], dA[1][4][4];
+    float dP[1][kNT64][4], dA[1][kNT64][4];
     zero(dP);
     zero(dA);
     float sds = 0.f;  // this thread's share of <S, dS'>
     for (int half = 0; half < 2; ++half) {
+      const int tid = opaque(static_cast<int>(threadIdx.x));  // (as at the value head's start)
+      const int warp = tid / 32, part = warp / 4;
+      const int m0 = 16 * (warp % 4), n0 = (64 / kParts) * part, n1 = (128 / kParts) * part;
       const int cv0 = kHalf * half;
       if (half > 0 || hv == h * f.group) issue_half(hv, cv0);  // else issued during the last value head's tail
       load_rows<kThreads, kHalf>(
           vt, static_cast<const bf16*>(f.v) + cr.row * f.v_sb + cr.t0 * f.v_st + hv * f.v_sh + cv0, f.v_st, L);
       wait_async_copies();
       __syncthreads();
-      for (int i = tid; i < kChunk * kHalf / 2; i += kThreads) {
+#pragma unroll 1
+      for (int i = opaque(static_cast<int>(threadIdx.x)); i < kChunk * kHalf / 2; i += kThreads) {
         const int r = i / (kHalf / 2), c = 2 * (i % (kHalf / 2));
         const float2 d = Mma::unpack(*reinterpret_cast<const uint32_t*>(dos.at(r, c)));
         const float ds = f.scale * s.eg[r];
         store_pair(dosd, r, c, d.x * ds, d.y * ds);
       }
-      for (int i = tid; i < kDim * kHalf / 2; i += kThreads) {
+#pragma unroll 1
+      for (int i = opaque(static_cast<int>(threadIdx.x)); i < kDim * kHalf / 2; i += kThreads) {
         const int r = i / (kHalf / 2), c = 2 * (i % (kHalf / 2));
         const float2 x = Mma::unpack(*reinterpret_cast<const uint32_t*>(st.at(r, c)));
         const float2 y = Mma::unpack(*reinterpret_cast<const uint32_t*>(dst.at(r, c)));
         sds += x.x * y.x + x.y * y.y;
       }
       // KS = K̂ S and Q̂ S in one pass; U = V − e^γ KS; ru = β U
-      float ks[1][4][4], qs[1][4][4];
+      float ks[1][kNT64][4], qs[1][kNT64][4];
       zero(ks);
       zero(qs);
-      warp_gemm_pair<4, false, false>(ks, k, qs, q, st, m0, n0, kDim);
+      warp_gemm_pair<kNT64, false, false>(ks, k, qs, q, st, m0, n0, kDim);
       {
         const int lane = tid % 32, g8 = lane / 4, t4 = lane % 4;
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < kNT64; ++nt)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             const int r = m0 + g8 + 8 * hh, c = n0 + 8 * nt + 2 * t4;
@@ -182,9 +224,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       }
       __syncthreads();
       {  // Vd = M ru
-        float acc[1][4][4];
+        float acc[1][kNT64][4];
         zero(acc);
-        warp_gemm<1, 4, false, false>(acc, minv, ru, m0, n0, kChunk);
+        warp_gemm<1, kNT64, false, false>(acc, minv, ru, m0, n0, kChunk);
         for_each_pair(acc, m0, n0, [&](int r, int c, float& x0, float& x1) {
           store_pair(vd, r, c, x0, x1);
           store_pair(vdb, r, c, s.b[r] * x0, s.b[r] * x1);
@@ -192,9 +234,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
       }
       __syncthreads();
       {  // dVd = b K̂ dS' + Pᵀ dOs (into ru); x_r = (b K̂ dS')_r · Vd_r
-        float acc[1][4][4];
+        float acc[1][kNT64][4];
         zero(acc);
-        warp_gemm<1, 4, false, false>(acc, k, dst, m0, n0, kDim);
+        warp_gemm<1, kNT64, false, false>(acc, k, dst, m0, n0, kDim);
         float x_lo = 0.f, x_hi = 0.f;
         for_each_pair_at(acc, m0, n0, [&](int, int, int hh, int r, int c, float& x0, float& x1) {
           x0 *= s.b[r];
@@ -210,18 +252,18 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
         const int g = (tid % 32) / 4;
         add_row(s.row_x, part, m0 + g, x_lo);
         add_row(s.row_x, part, m0 + g + 8, x_hi);
-        warp_gemm<1, 4, true, false>(acc, p, dos, m0, n0, kChunk);
+        warp_gemm<1, kNT64, true, false>(acc, p, dos, m0, n0, kChunk);
         for_each_pair(acc, m0, n0, [&](int r, int c, float& x0, float& x1) { store_pair(ru, r, c, x0, x1); });
       }
       __syncthreads();
       {  // dR = Mᵀ dVd; dv = β dR; dks = −e^γ β dR; U · dR and KS · dR by rows
-        float acc[1][4][4];
+        float acc[1][kNT64][4];
         zero(acc);
-        warp_gemm<1, 4, true, false>(acc, minv, ru, m0, n0, kChunk);
+        warp_gemm<1, kNT64, true, false>(acc, minv, ru, m0, n0, kChunk);
         const int lane = tid % 32, g = lane / 4, t4 = lane % 4;
         float udr[2] = {0.f, 0.f}, ksdr[2] = {0.f, 0.f};
 #pragma unroll
-        for (int nt = 0; nt < 4; ++nt)
+        for (int nt = 0; nt < kNT64; ++nt)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
             const int r = m0 + g + 8 * hh, c = n0 + 8 * nt + 2 * t4;
@@ -244,106 +286,114 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
         add_row(s.row_ksdr, part, m0 + g + 8, ksdr[1]);
       }
       __syncthreads();
-      warp_gemm_pair<4, false, true>(dP, dos, dA, dr, vd, m0, n0, kHalf);
-      warp_gemm_pair<8, false, true>(dq, dosd, dk, dks, st, m0, n1, kHalf);
-      warp_gemm<1, 8, false, true>(dk, vdb, dst, m0, n1, kHalf);
+      warp_gemm_pair<kNT64, false, true>(dP, dos, dA, dr, vd, m0, n0, kHalf);
+      warp_gemm_pair<kNT128, false, true>(dq, dosd, dk, dks, st, m0, n1, kHalf);
+      warp_gemm<1, kNT128, false, true>(dk, vdb, dst, m0, n1, kHalf);
       __syncthreads();
     }
-    if (hv + 1 < (h + 1) * f.group) {
-      issue_minv(hv + 1);
-      issue_half(hv + 1, 0);
-    }
+    {  // the value head's tail: its indices recomputed once more
+      const int tid = opaque(static_cast<int>(threadIdx.x));
+      const int warp = tid / 32, part = warp / 4;
+      const int m0 = 16 * (warp % 4), n0 = (64 / kParts) * part, n1 = (128 / kParts) * part;
+      if (hv + 1 < (h + 1) * f.group) {
+        issue_minv(hv + 1);
+        issue_half(hv + 1, 0);
+      }
 
-    // dQK = Γ ⊙ dP (bf16), scratch = P ⊙ dP (strictly lower) for dγ.
-    for_each_pair(dP, m0, n0, [&](int r, int c, float& x0, float& x1) {
-      const bool row_in = r < L;
-      // dP accumulated against dO: times scale here.
-      const float g0 = row_in && c <= r ? f.scale * fast_exp(s.gamma[r] - s.gamma[c]) : 0.f;
-      const float g1 = row_in && c + 1 <= r ? f.scale * fast_exp(s.gamma[r] - s.gamma[c + 1]) : 0.f;
-      store_pair(dqk, r, c, g0 * x0, g1 * x1);
-      s.scratch[r][c] = c < r ? g0 * s.qk[r][c] * x0 : 0.f;
-      s.scratch[r][c + 1] = c + 1 < r ? g1 * s.qk[r][c + 1] * x1 : 0.f;
-    });
-    const float sds_total = [&] {
-      float x = sds;
-      for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
-      if (tid % 32 == 0) s.red[warp] = x;
+      // dQK = Γ ⊙ dP (bf16), scratch = P ⊙ dP (strictly lower) for dγ.
+      for_each_pair(dP, m0, n0, [&](int r, int c, float& x0, float& x1) {
+        const bool row_in = r < L;
+        // dP accumulated against dO: times scale here.
+        const float g0 = row_in && c <= r ? f.scale * fast_exp(s.gamma[r] - s.gamma[c]) : 0.f;
+        const float g1 = row_in && c + 1 <= r ? f.scale * fast_exp(s.gamma[r] - s.gamma[c + 1]) : 0.f;
+        store_pair(dqk, r, c, g0 * x0, g1 * x1);
+        s.scratch[r][c] = c < r ? g0 * s.qk[r][c] * x0 : 0.f;
+        s.scratch[r][c + 1] = c + 1 < r ? g1 * s.qk[r][c + 1] * x1 : 0.f;
+      });
+      const float sds_total = [&] {
+        float x = sds;
+        for (int off = 16; off > 0; off /= 2) x += __shfl_xor_sync(0xffffffffu, x, off);
+        if (tid % 32 == 0) s.red[warp] = x;
+        __syncthreads();
+        float total = 0.f;
+        for (int i = 0; i < kThreads / 32; ++i) total += s.red[i];
+        return total;
+      }();
+      if (tid < 4 * kChunk) {  // P ⊙ dP (zero outside the strict lower triangle): row sums minus
+                               // column sums, four threads a row, each over 16 indices, summed in a fixed order
+        const int t = tid / 4, j0 = 16 * (tid % 4);
+        float acc = 0.f;
+  #pragma unroll 4
+        for (int j = j0; j < j0 + 16; ++j) acc += s.scratch[t][j] - s.scratch[j][t];
+        acc = quad_sum(acc);
+        if (tid % 4 == 0) s.dgam[t] = acc;
+      }
       __syncthreads();
-      float total = 0.f;
-      for (int i = 0; i < kThreads / 32; ++i) total += s.red[i];
-      return total;
-    }();
-    {  // P ⊙ dP (zero outside the strict lower triangle): row sums minus column sums,
-       // four threads a row, each over 16 indices, summed in a fixed order
-      const int t = tid / 4, j0 = 16 * (tid % 4);
-      float acc = 0.f;
-#pragma unroll
-      for (int j = j0; j < j0 + 16; ++j) acc += s.scratch[t][j] - s.scratch[j][t];
-      acc = quad_sum(acc);
-      if (tid % 4 == 0) s.dgam[t] = acc;
-    }
-    __syncthreads();
-    // scratch = dA ⊙ Γ (strictly lower; dA = −dR Vdᵀ)
-    for_each_pair(dA, m0, n0, [&](int r, int c, float& x0, float& x1) {
-      const bool row_in = r < L;
-      s.scratch[r][c] = row_in && c < r ? -fast_exp(s.gamma[r] - s.gamma[c]) * x0 : 0.f;
-      s.scratch[r][c + 1] = row_in && c + 1 < r ? -fast_exp(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f;
-    });
-    __syncthreads();
-    // dasym = β_i dAΓ_ij + β_j dAΓ_ji; dβ, dγ from dA ⊙ Γ ⊙ K̂K̂ᵀ and the row sums.
-    for (int i = tid; i < kChunk * kChunk / 2; i += kThreads) {
-      const int r = i / (kChunk / 2), c = 2 * (i % (kChunk / 2));
-      store_pair(dasym, r, c, s.beta[r] * s.scratch[r][c] + s.beta[c] * s.scratch[c][r],
-                 s.beta[r] * s.scratch[r][c + 1] + s.beta[c + 1] * s.scratch[c + 1][r]);
-    }
-    {  // dA ⊙ Γ (zero outside the strict lower triangle and past L) ⊙ K̂K̂ᵀ by rows and
-       // columns, four threads a row as above
-      const int t = tid / 4, j0 = 16 * (tid % 4);
-      float row = 0.f, col = 0.f;
-#pragma unroll
-      for (int j = j0; j < j0 + 16; ++j) {
-        row += s.scratch[t][j] * s.kk[t][j];
-        col += s.beta[j] * s.scratch[j][t] * s.kk[j][t];
+      // scratch = dA ⊙ Γ (strictly lower; dA = −dR Vdᵀ)
+      for_each_pair(dA, m0, n0, [&](int r, int c, float& x0, float& x1) {
+        const bool row_in = r < L;
+        s.scratch[r][c] = row_in && c < r ? -fast_exp(s.gamma[r] - s.gamma[c]) * x0 : 0.f;
+        s.scratch[r][c + 1] = row_in && c + 1 < r ? -fast_exp(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f;
+      });
+      __syncthreads();
+      // dasym = β_i dAΓ_ij + β_j dAΓ_ji; dβ, dγ from dA ⊙ Γ ⊙ K̂K̂ᵀ and the row sums.
+  #pragma unroll 1
+      for (int i = opaque(static_cast<int>(threadIdx.x)); i < kChunk * kChunk / 2; i += kThreads) {
+        const int r = i / (kChunk / 2), c = 2 * (i % (kChunk / 2));
+        store_pair(dasym, r, c, s.beta[r] * s.scratch[r][c] + s.beta[c] * s.scratch[c][r],
+                   s.beta[r] * s.scratch[r][c + 1] + s.beta[c + 1] * s.scratch[c + 1][r]);
       }
-      row = quad_sum(row);
-      col = quad_sum(col);
-      if (tid % 4 == 0) {
-        const float udr = s.row_udr[0][t] + s.row_udr[1][t];
-        const float ksdr = s.row_ksdr[0][t] + s.row_ksdr[1][t];
-        const float xr = t < L - 1 ? s.row_x[0][t] + s.row_x[1][t] : 0.f;
-        s.dbet[t] = row + udr;
-        s.dgam[t] += s.beta[t] * row - col + f.scale * s.eg[t] * (s.row_q[0][t] + s.row_q[1][t]) -
-                     s.eg[t] * s.beta[t] * ksdr - xr;
-        s.row_x[0][t] = xr;  // kept for dγ_last
+      if (tid < 4 * kChunk) {  // dA ⊙ Γ (zero outside the strict lower triangle and past L) ⊙ K̂K̂ᵀ by
+                               // rows and columns, four threads a row as above
+        const int t = tid / 4, j0 = 16 * (tid % 4);
+        float row = 0.f, col = 0.f;
+  #pragma unroll 4
+        for (int j = j0; j < j0 + 16; ++j) {
+          row += s.scratch[t][j] * s.kk[t][j];
+          col += s.beta[j] * s.scratch[j][t] * s.kk[j][t];
+        }
+        row = quad_sum(row);
+        col = quad_sum(col);
+        if (tid % 4 == 0) {
+          const float udr = row_total(s.row_udr, t);
+          const float ksdr = row_total(s.row_ksdr, t);
+          const float xr = t < L - 1 ? row_total(s.row_x, t) : 0.f;
+          s.dbet[t] = row + udr;
+          s.dgam[t] += s.beta[t] * row - col + f.scale * s.eg[t] * row_total(s.row_q, t) -
+                       s.eg[t] * s.beta[t] * ksdr - xr;
+          s.row_x[0][t] = xr;  // kept for dγ_last
+        }
       }
-    }
-    __syncthreads();
-    // dγ_last gets e^{γ_L} <S, dS'> and Σ x; then dg_t = Σ_{i ≥ t} dγ_i.
-    float xs = tid < kChunk ? s.row_x[0][tid] : 0.f;
-    xs = chunk_scan(xs, &s.carry, true);  // thread 0: Σ_j x_j
-    if (tid == 0) s.dgam[L - 1] += s.eg[L - 1] * sds_total + xs;
-    __syncthreads();
-    float dgv = tid < L ? s.dgam[tid] : 0.f;
-    dgv = chunk_scan(dgv, &s.carry, true);
-    if (tid < L) {
-      const int64_t t = cr.t0 + tid;
-      float db = s.dbet[tid];
-      if (f.beta_activation != FLASHQLA_BETA_IDENTITY) {
-        const float raw = load_float(f.beta, f.beta_dtype, cr.row * f.beta_sb + t * f.beta_st + hv);
-        db *= activate_beta_grad(raw, f.beta_activation);
+      __syncthreads();
+      // dγ_last gets e^{γ_L} <S, dS'> and Σ x; then dg_t = Σ_{i ≥ t} dγ_i.
+      float xs = tid < kChunk ? s.row_x[0][tid] : 0.f;
+      xs = chunk_scan(xs, &s.carry, true);  // thread 0: Σ_j x_j
+      if (tid == 0) s.dgam[L - 1] += s.eg[L - 1] * sds_total + xs;
+      __syncthreads();
+      float dgv = tid < L ? s.dgam[tid] : 0.f;
+      dgv = chunk_scan(dgv, &s.carry, true);
+      if (tid < L) {
+        const int64_t t = cr.t0 + tid;
+        float db = s.dbet[tid];
+        if (f.beta_activation != FLASHQLA_BETA_IDENTITY) {
+          const float raw = load_float(f.beta, f.beta_dtype, cr.row * f.beta_sb + t * f.beta_st + hv);
+          db *= activate_beta_grad(raw, f.beta_activation);
+        }
+        store_float(a.dbeta, a.dbeta_dtype, cr.row * a.dbeta_sb + t * a.dbeta_st + hv, db);
+        store_float(a.dg, a.dg_dtype, cr.row * a.dg_sb + t * a.dg_st + hv, dgv);
       }
-      store_float(a.dbeta, a.dbeta_dtype, cr.row * a.dbeta_sb + t * a.dbeta_st + hv, db);
-      store_float(a.dg, a.dg_dtype, cr.row * a.dg_sb + t * a.dg_st + hv, dgv);
+      warp_gemm<1, kNT128, false, false>(dq, dqk, k, m0, n1, kChunk);
+      warp_gemm<1, kNT128, true, false>(dk, dqk, q, m0, n1, kChunk);
+      warp_gemm<1, kNT128, false, false>(dk, dasym, k, m0, n1, kChunk);
+      __syncthreads();
     }
-    warp_gemm<1, 8, false, false>(dq, dqk, k, m0, n1, kChunk);
-    warp_gemm<1, 8, true, false>(dk, dqk, q, m0, n1, kChunk);
-    warp_gemm<1, 8, false, false>(dk, dasym, k, m0, n1, kChunk);
-    __syncthreads();
   }
 
   // The l2norm backward (dx = r (dy − y (y · dy)), y = x r, from the raw rows),
-  // then dq and dk rows < L.
-  const int g = (tid % 32) / 4;
+  // then dq and dk rows < L (the thread's indices recomputed, as in the loop).
+  const int tid_f = opaque(static_cast<int>(threadIdx.x));
+  const int g = (tid_f % 32) / 4, part_f = tid_f / 128;
+  const int m0_f = 16 * ((tid_f / 32) % 4), n1_f = (128 / kParts) * part_f;
   // The raw q and k rows, into the (now free) state tiles' memory.
   const Tile raw_q{s.s, kLdWide}, raw_k{s.ds, kLdWide};
   static_assert(sizeof(GradsSmem::s) >= sizeof(bf16) * kChunk * kLdWide, "a state tile holds 64 raw rows");
@@ -355,17 +405,17 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
     wait_async_copies();
     __syncthreads();
   }
-  auto finish = [&](float(&d)[1][8][4], const Tile& raw, void* out, int64_t ob, int64_t ost, int64_t osh,
+  auto finish = [&](float(&d)[1][kNT128][4], const Tile& raw, void* out, int64_t ob, int64_t ost, int64_t osh,
                     flashqla_dtype_t odt) {
     const bool pairs = bf16_pairs(out, odt, ob, ost, osh);
     if (f.use_qk_l2norm) {
-      for (int i = tid; i < 2 * kChunk; i += kThreads) {
+      for (int i = tid_f; i < kParts * kChunk; i += kThreads) {
         (&s.row_sq[0][0])[i] = 0.f;
         (&s.row_dot[0][0])[i] = 0.f;
       }
       __syncthreads();
       float sq_lo = 0.f, sq_hi = 0.f, dot_lo = 0.f, dot_hi = 0.f;
-      for_each_pair_at(d, m0, n1, [&](int, int, int hh, int r, int c, float& x0, float& x1) {
+      for_each_pair_at(d, m0_f, n1_f, [&](int, int, int hh, int r, int c, float& x0, float& x1) {
         const float2 xv = Mma::unpack(*reinterpret_cast<const uint32_t*>(raw.at(r, c)));
         const float sq = xv.x * xv.x + xv.y * xv.y, dot = xv.x * x0 + xv.y * x1;
         if (hh == 0) {
@@ -376,21 +426,21 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
           dot_hi += dot;
         }
       });
-      add_row(s.row_sq, part, m0 + g, sq_lo);
-      add_row(s.row_sq, part, m0 + g + 8, sq_hi);
-      add_row(s.row_dot, part, m0 + g, dot_lo);
-      add_row(s.row_dot, part, m0 + g + 8, dot_hi);
+      add_row(s.row_sq, part_f, m0_f + g, sq_lo);
+      add_row(s.row_sq, part_f, m0_f + g + 8, sq_hi);
+      add_row(s.row_dot, part_f, m0_f + g, dot_lo);
+      add_row(s.row_dot, part_f, m0_f + g + 8, dot_hi);
       __syncthreads();
-      for_each_pair(d, m0, n1, [&](int r, int c, float& x0, float& x1) {
+      for_each_pair(d, m0_f, n1_f, [&](int r, int c, float& x0, float& x1) {
         const float2 xv = Mma::unpack(*reinterpret_cast<const uint32_t*>(raw.at(r, c)));
-        const float rs = rsqrtf(s.row_sq[0][r] + s.row_sq[1][r] + 1e-6f);
-        const float ydy = rs * (s.row_dot[0][r] + s.row_dot[1][r]);  // y · dy
+        const float rs = rsqrtf(row_total(s.row_sq, r) + 1e-6f);
+        const float ydy = rs * row_total(s.row_dot, r);  // y · dy
         x0 = rs * (x0 - xv.x * rs * ydy);
         x1 = rs * (x1 - xv.y * rs * ydy);
       });
       __syncthreads();
     }
-    for_each_pair(d, m0, n1, [&](int r, int c, float& x0, float& x1) {
+    for_each_pair(d, m0_f, n1_f, [&](int r, int c, float& x0, float& x1) {
       if (r < L) {
         const int64_t o = cr.row * ob + (cr.t0 + r) * ost + h * osh + c;
         store_float_pair(out, odt, o, x0, x1, pairs);
