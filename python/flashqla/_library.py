@@ -64,6 +64,6 @@ CUDA_FUSED_GATE_BEATS_FLA = True
 # (benchmarks/anchors/flashqla_h200_bwd.csv, FLA timed in the same run). Until then
 # FLA keeps training calls, and flashqla takes the inference calls the flags above allow.
 # Last measured (H100, bench_bwd.py, all 32 rows): 1.20x FLA's backward in geomean, but
-# 0.96-0.98x on three rows (hk8_hv16 8k_4seq and 8k_8seq, hk4_hv8 8k_8seq), and the
+# 0.96-0.97x on three rows (hk8_hv16 8k_4seq and 8k_8seq, hk4_hv8 8k_8seq), and the
 # H200, where FLA is relatively faster, not measured (docs/perf_backward.md).
 CUDA_BACKWARD_BEATS_FLA = False
