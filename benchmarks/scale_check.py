@@ -19,7 +19,12 @@ wide case also reruns each checked group alone on the GPU (H = 1, HV = the group
 reports the largest relative difference to the big call: the same arithmetic at 32-bit
 offsets.
 
-Prints one line a case and a table last; writes scale_<card>.json to --out-dir.
+Prints one line a case and a table last; writes scale_<card>.json to --out-dir after
+every case (cases, and q/k heads of a case, that the file already holds from an earlier
+run on the same card and that this run does not repeat are kept, so the work may be split
+over several runs with --cases and --ref-heads: the fp64 reference runs one thread per
+value head and takes minutes per checked group). The cases run in the order oom,
+wide, long (the quick one first).
 Runs with `scripts/gpu.sh scale`. `--device cpu --long-tokens 300 --wide-tokens 200
 --wide-h 2 --wide-hv 4 --cases long,wide` is a quick check of the script itself
 (the CPU backend against itself).
@@ -158,6 +163,33 @@ def check_oom(T, H, HV, seed):
     return result
 
 
+def save(args, results):
+    """results into scale_<card>.json (GPU runs only), keeping the cases an earlier run
+    on the same card wrote and this one did not run."""
+    if args.device != "cuda":
+        return
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    name = torch.cuda.get_device_name()
+    card = "h200" if "H200" in name else "h100" if "H100" in name else "gpu"
+    path = args.out_dir / f"scale_{card}.json"
+    earlier, results = [], json.loads(json.dumps(results, default=str))  # head keys as strings
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old.get("gpu") == name:
+            now = {r["case"]: r for r in results}
+            for r in old.get("results", []):
+                same = now.get(r["case"])
+                if same is None:
+                    earlier.append(r)
+                elif "heads" in r and all(r[k] == same[k] for k in ("tokens", "h", "hv")):
+                    # the same case checked on other q/k heads earlier (--ref-heads split over runs)
+                    same["heads"] = {**{h: line for h, line in r["heads"].items() if h not in same["heads"]},
+                                     **same["heads"]}
+    path.write_text(json.dumps(dict(gpu=name, torch=torch.__version__, flashqla=flashqla.__version__,
+                                    command=" ".join(sys.argv), results=earlier + results), indent=1, default=str))
+    print(f"wrote {path}", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", default="long,wide,oom")
@@ -173,18 +205,24 @@ def main(argv=None):
     ap.add_argument("--out-dir", type=Path, default=HERE / "results")
     args = ap.parse_args(argv)
     cases = args.cases.split(",")
+    unknown = set(cases) - {"long", "wide", "oom"}
+    if unknown:
+        ap.error(f"unknown cases: {', '.join(sorted(unknown))}")
     heads = [int(h) for h in args.ref_heads.split(",") if h]
     results = []
-    if "long" in cases:
-        results.append(check_case("long", args.long_tokens, args.long_heads, args.long_heads, args.device, heads,
-                                  args.seed, False))
+    if "oom" in cases and args.device == "cuda":
+        results.append(check_oom(args.oom_tokens, args.wide_h, args.wide_hv, args.seed + 2))
+        save(args, results)
     if "wide" in cases:
         results.append(check_case("wide", args.wide_tokens, args.wide_h, args.wide_hv, args.device, heads,
                                   args.seed + 1, args.device == "cuda"))
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    if "oom" in cases and args.device == "cuda":
-        results.append(check_oom(args.oom_tokens, args.wide_h, args.wide_hv, args.seed + 2))
+        save(args, results)
+    if "long" in cases:
+        results.append(check_case("long", args.long_tokens, args.long_heads, args.long_heads, args.device, heads,
+                                  args.seed, False))
+        save(args, results)
 
     print("\n| case | tokens | H / HV | forward | backward | peak | worst error vs fp64 | verdict |")
     print("|---|---|---|---|---|---|---|---|")
@@ -200,14 +238,6 @@ def main(argv=None):
             print(f"| {r['case']} | {r['tokens']} | {r['h']} / {r['hv']} | {r['fwd_s']:.3f} s | {r['bwd_s']:.3f} s | "
                   f"{r['peak_gib']:.1f} GiB | {worst:.2e} | {'pass' if good else 'FAIL'} |")
         ok = ok and good
-    if args.device == "cuda":
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        name = torch.cuda.get_device_name()
-        card = "h200" if "H200" in name else "h100" if "H100" in name else "gpu"
-        path = args.out_dir / f"scale_{card}.json"
-        path.write_text(json.dumps(dict(gpu=name, torch=torch.__version__, flashqla=flashqla.__version__,
-                                        command=" ".join(sys.argv), results=results), indent=1, default=str))
-        print(f"wrote {path}")
     return 0 if ok else 1
 
 

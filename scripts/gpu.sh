@@ -51,7 +51,10 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       270K-token call at HV = 64 (2.2e9 elements in v), forward and backward against
       the CPU backend in fp64 on the first and last q/k head's group, peak memory,
       and a backward too large for the card failing cleanly; writes scale_h200.json
-      (scale_h100.json). A few minutes, most of it the fp64 reference on the CPU.
+      (scale_h100.json) after each case. The fp64 reference on the CPU takes about
+      three minutes a checked group (H100 machine): split the work over calls with
+      --cases and --ref-heads (e.g. `scale --cases oom,long`, then `scale --cases
+      wide --ref-heads 0`, `--ref-heads -1`); the JSON keeps what earlier calls wrote.
       Default $OUT: benchmarks/results.
   full [--lean] [--require-h200] [--budget S] [ROWS-REGEX]
       check --quick, then (if it passed) bench; $OUT gets the benchmark's files,
