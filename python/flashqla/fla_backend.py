@@ -172,6 +172,10 @@ def _make_backend(BaseBackend):
         def chunk_gated_delta_rule_verifier(self, *args, **kwargs):
             named, rest = _split(own_names, _bind(fla_params, args, kwargs))
             call = {**defaults, **named}
+            if call["cp_context"] is not None:
+                return False, ("flashqla declines: cp_context: context-parallel calls stay with FLA's own CP "
+                               "kernels (flashqla.chunk_gated_delta_rule takes cp_context when called directly; "
+                               "its context parallelism is not measured against FLA's)")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 try:

@@ -90,8 +90,12 @@ def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_
     dt_bias = kwargs.pop("dt_bias", None)
     _ignore_unknown_keywords(kwargs)
     if cp_context is not None:
-        raise NotImplementedError("flashqla: cp_context (context parallelism across devices) is not "
-                                  "supported; intra-card sequence parallelism is automatic")
+        # FLA takes the rank's local boundaries from the context (docs/context_parallel.md);
+        # unlike FLA, flashqla refuses a different cu_seqlens argument rather than overriding it.
+        from .context_parallel import _context_seqlens
+
+        cu_seqlens, cu_seqlens_cpu = _context_seqlens(cp_context, cu_seqlens, cu_seqlens_cpu)
+        _check_cu_seqlens_type(cu_seqlens, cu_seqlens_cpu, q)
     if cu_seqlens is not None:
         if q.shape[0] != 1:
             raise ValueError(f"The batch size is expected to be 1 rather than {q.shape[0]} when using "
@@ -274,7 +278,21 @@ def chunk_gated_delta_rule(
             real lengths: without it the plan takes them as equal, which is up to 1.9x
             slower on very uneven batches (docs/perf.md).
         chunk_indices: accepted for compatibility and unused (flashqla plans on the device).
-        cp_context: not supported (``NotImplementedError``).
+        cp_context: FLA's ``FLACPContext`` (any object with its attributes; layouts
+            ``'contiguous'`` and ``'zigzag'``): this rank's shard of a packed batch split
+            across ``cp_context.group``, q ``[1, T_local, H, K]`` with the context's local
+            ``cu_seqlens`` (a ``cu_seqlens`` argument must be None or the same). o is the
+            shard's, exact as one process; autograd gives each rank its shard's gradients.
+            Beyond FLA (which asserts ``initial_state is None`` and no final state under
+            CP): ``initial_state`` ``[N_local, HV, K, V]``, row i the initial state of local
+            sequence i (ignored, gradient zero, where that sequence continues from the
+            previous rank); the final state ``[N_local, HV, K, V]``, row i the state after
+            sequence i's last token on this rank (its final state where it ends here, the
+            state handed on where it goes on). Host syncs: the local boundaries are read
+            on the host (the context's ``cu_seqlens_cpu``, else a device-to-host copy of
+            its ``cu_seqlens``), and the ranks' piece flags, all-gathered, are read on the
+            host once a forward (docs/context_parallel.md). Not traceable by
+            ``torch.compile``.
         **kwargs: FLA's ``chunk_size`` (16/32/64; results do not depend on it),
             ``use_gate_in_kernel`` with ``A_log`` / ``dt_bias``
             (``g := -exp(A_log) * softplus(g + dt_bias)``), the deprecated
@@ -287,6 +305,10 @@ def chunk_gated_delta_rule(
     c = _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                  use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu,
                  chunk_indices, cp_context, kwargs)
+    if cp_context is not None:
+        from .context_parallel import _chunk_with_cp_context
+
+        return _chunk_with_cp_context(c, cp_context)
     o, final_state = call_op(ops.gdn_fwd, *c.op_args())
     return o, (final_state if c.output_final_state else None)
 
@@ -339,7 +361,8 @@ def kernel_choice(
     plan). Same arguments as ``chunk_gated_delta_rule``; raises what it would raise on
     invalid or unsupported input. Computes nothing, copies nothing and never synchronises
     (with FLA's fused gate the raw gate stands for the computed one: the choice does not
-    depend on it)."""
+    depend on it). With ``cp_context``: the choice for this rank's shard and local
+    boundaries (reading them on the host where the context has no ``cu_seqlens_cpu``)."""
     c = _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
                  use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu,
                  chunk_indices, cp_context, kwargs, resolve_gate=False)

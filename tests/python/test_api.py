@@ -150,8 +150,10 @@ def test_unknown_keywords_are_ignored_as_fla_ignores_them(caplog):
     assert "unheard_of_keyword" in caplog.text
 
 
-def test_cp_context_not_supported():
-    with pytest.raises(NotImplementedError, match="cp_context"):
+def test_cp_context_must_be_flas_context():
+    """cp_context is accepted (tests/python/test_fla_cp_context.py); an object without
+    FLA's FLACPContext attributes is refused."""
+    with pytest.raises(TypeError, match="cp_context must be FLA's FLACPContext"):
         _call(cp_context=object())
 
 
