@@ -56,6 +56,13 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       --cases and --ref-heads (e.g. `scale --cases oom,long`, then `scale --cases
       wide --ref-heads 0`, `--ref-heads -1`); the JSON keeps what earlier calls wrote.
       Default $OUT: benchmarks/results.
+  bench-cp [BENCH_CP ARGS...]
+      Context parallelism (benchmarks/bench_cp.py): one sequence of FlashQLA's
+      published CP rows (32K to 1M tokens, five head configurations) split over
+      2, 4 and 8 GPUs (--worlds; those above the machine's count left out) with
+      NCCL, inference and training, against the whole sequence on one GPU and
+      FlashQLA's published H200 x 8 figures; writes cp_h200.csv (cp_h100.csv).
+      Needs a machine with several GPUs. Default $OUT: benchmarks/results.
   full [--lean] [--require-h200] [--budget S] [ROWS-REGEX]
       check --quick, then (if it passed) bench; $OUT gets the benchmark's files,
       its log and the check's logs as check_logs.tar.gz. --lean, for short device
@@ -262,6 +269,14 @@ cmd_scale() {
   fq_install_wheels "${out}/pip-wheels.log" || { tail -n 20 "${out}/pip-wheels.log"; exit 1; }
   python3 -m pip install -q --no-index . > "${out}/pip-install.log" 2>&1 || { tail -n 40 "${out}/pip-install.log"; exit 1; }
   PYTHONUNBUFFERED=1 python3 benchmarks/scale_check.py --out-dir "${out}" "$@" 2>&1 | tee "${out}/scale.log"
+  exit "${PIPESTATUS[0]}"
+}
+
+cmd_bench_cp() {
+  local out="${OUT:-benchmarks/results}"
+  mkdir -p "${out}"
+  python3 -m pip install -q --no-index . > "${out}/pip-install.log" 2>&1 || { tail -n 40 "${out}/pip-install.log"; exit 1; }
+  PYTHONUNBUFFERED=1 python3 benchmarks/bench_cp.py --out-dir "${out}" "$@" 2>&1 | tee "${out}/bench_cp.log"
   exit "${PIPESTATUS[0]}"
 }
 
@@ -550,6 +565,7 @@ case "${command}" in
   bench-bwd) cmd_bench_bwd "$@" ;;
   bench-serving) cmd_bench_serving "$@" ;;
   scale) cmd_scale "$@" ;;
+  bench-cp) cmd_bench_cp "$@" ;;
   full) cmd_full "$@" ;;
   iterate) cmd_iterate "$@" ;;
   bwd-iterate) cmd_bwd_iterate "$@" ;;
