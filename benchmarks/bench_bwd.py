@@ -2,8 +2,12 @@
 32 rows of FlashQLA's published H200 backward table
 (benchmarks/anchors/flashqla_h200_bwd.csv, copied from the published figures).
 
-A row is B*T tokens split into num_seqs equal sequences packed with int32 cu_seqlens
-(B = 1), h_qk q/k heads, h_v value heads, K = V = 128, bf16. Inputs as bench_fwd.py
+A row is total_tokens split into num_seqs sequences packed with int32 cu_seqlens (B = 1),
+h_qk q/k heads, h_v value heads, K = V = 128, bf16. The split is FlashQLA's (--splits
+published, the default): its backward benchmark cuts the tokens at num_seqs − 1 points
+drawn by torch.randperm from a CPU generator seeded with 42, so "8k_2seq" is 7053 + 1139
+tokens and "8k_8seq" has sequences of 161 to 3157 (the lengths of every row go into the
+sidecar's "splits"); --splits equal cuts equal sequences, as runs before 2026-12-06 did. Inputs as bench_fwd.py
 makes them (FlashQLA's method: q, k = l2norm(randn) bf16, v = randn bf16,
 g = logsigmoid(randn)/16 fp32 with a random 25% of value heads at g = 0,
 beta = sigmoid(randn) fp32, h0 = randn fp32, scale = K^-1/2, output_final_state=True),
@@ -81,15 +85,35 @@ LEAVES = ("q", "k", "v", "g", "beta", "initial_state")  # the inputs the gradien
 
 # --- the published rows ------------------------------------------------------------------
 
-def row_shape(r: dict) -> tuple[list[int], int, int]:
+def published_split(num_seqs: int, total: int, seed: int = 42) -> list[int]:
+    """The sequence lengths FlashQLA's backward benchmark uses for num_seqs sequences of
+    total tokens: cut points 1 + the first num_seqs − 1 values of a random permutation of
+    0 .. total − 2 (torch.randperm on a CPU generator seeded with `seed`), sorted."""
+    if num_seqs <= 1:
+        return [total]
+    gen = torch.Generator().manual_seed(seed)
+    cuts = (torch.randperm(total - 1, dtype=torch.int32, generator=gen)[: num_seqs - 1].sort().values + 1).tolist()
+    bounds = [0] + cuts + [total]
+    return [b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def row_shape(r: dict, splits: str = "published") -> tuple[list[int], int, int]:
     """(sequence lengths, h_qk, h_v) of an anchors row: total_tokens split into num_seqs
-    equal sequences; checked against its label ("8k_4seq": 8192 tokens, 4 sequences)."""
+    sequences (FlashQLA's split, or equal ones); checked against its label ("8k_4seq":
+    8192 tokens, 4 sequences)."""
     n, total = int(r["num_seqs"]), int(r["total_tokens"])
     m = re.fullmatch(r"(\d+)k_(\d+)seq", r["seqlen"])
-    if total % n or m is None or (int(m[1]) * 1024, int(m[2])) != (total, n):
+    if m is None or (int(m[1]) * 1024, int(m[2])) != (total, n):
         raise ValueError(f"anchors row {r['model']},{r['seqlen']}: {total} tokens in {n} sequences "
-                         f"does not match its label or does not split evenly")
-    return [total // n] * n, int(r["h_qk"]), int(r["h_v"])
+                         f"does not match its label")
+    if splits == "equal":
+        if total % n:
+            raise ValueError(f"anchors row {r['model']},{r['seqlen']}: {total} tokens do not split into {n} equal "
+                             f"sequences")
+        lengths = [total // n] * n
+    else:
+        lengths = published_split(n, total)
+    return lengths, int(r["h_qk"]), int(r["h_v"])
 
 
 def read_anchors(rows_regex: str = "", path: Path = ANCHORS) -> list[dict]:
@@ -504,6 +528,9 @@ def main(argv=None):
     ap.add_argument("--rows", default="", help="regular expression: keep rows whose 'model,seqlens' it matches "
                                                 "(e.g. 'hk16_hv32,' or ',32k_' or '^hk4_hv8,8k_1seq$')")
     ap.add_argument("--no-fla", action="store_true", help="time flashqla only")
+    ap.add_argument("--splits", choices=("published", "equal"), default="published",
+                    help="sequence lengths of the multi-sequence rows: FlashQLA's (random cut points, seed 42) "
+                         "or equal")
     ap.add_argument("--plot-only", action="store_true",
                     help="no measurement: the plot and the summary of the backward rows already in --out")
     args = ap.parse_args(argv)
@@ -525,6 +552,8 @@ def main(argv=None):
     if fla is not None and fla.guard_note:
         env["fla_guard"] = fla.guard_note
     env["rows_filter"] = args.rows
+    env["splits"] = {f"{r['model']},{r['seqlen']}": row_shape(r, args.splits)[0] for r in anchors}
+    env["splits_rule"] = args.splits
     env["rows_planned"], env["rows_measured"] = len(anchors), 0
     env["errors"] = timer.errors
     table.write_sidecar(env)
@@ -538,7 +567,7 @@ def main(argv=None):
     try:
         for i, r in enumerate(anchors, 1):
             _check_stop()
-            shape = row_shape(r)
+            shape = row_shape(r, args.splits)
             m = measure_row(shape, fla, timer)
             row = result_row(r, shape, m)
             table.add(row)
