@@ -45,6 +45,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from results_table import card_stem
+
 HERE = Path(__file__).resolve().parent
 ANCHORS = HERE / "anchors" / "flashqla_h200x8_cp.csv"
 K = V = 128
@@ -222,8 +224,7 @@ def free_port():
 def card_name(device):
     if device == "cpu":
         return "cpu"
-    name = torch.cuda.get_device_name(0)
-    return "h200" if "H200" in name else "h100" if "H100" in name else "gpu"
+    return card_stem(torch.cuda.get_device_name(0))
 
 
 def table(results, rows, anchors):

@@ -45,7 +45,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import flashqla  # noqa: E402
-from results_table import ResultsTable  # noqa: E402
+from results_table import ResultsTable, card_stem  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 ANCHORS = HERE / "anchors" / "flashqla_h200_fwd.csv"
@@ -160,8 +160,7 @@ def environment():
 
 def card_name():
     """The results' file stem for this GPU: h200, h100, or gpu for any other card."""
-    name = torch.cuda.get_device_name()
-    return "h200" if "H200" in name else "h100" if "H100" in name else "gpu"
+    return card_stem(torch.cuda.get_device_name())
 
 
 def chunk_latency_us(flush, reps):

@@ -27,6 +27,11 @@ import os
 import shutil
 from pathlib import Path
 
+
+def card_stem(gpu_name: str) -> str:
+    """The results' file stem for a GPU of this name: h200, h100, or gpu for any other card."""
+    return "h200" if "H200" in gpu_name else "h100" if "H100" in gpu_name else "gpu"
+
 FWD = "fwd"
 DIRECTIONS = (FWD, "bwd")  # the order of the groups in the file
 

@@ -42,6 +42,7 @@ import torch
 import torch.nn.functional as F
 
 import flashqla
+from results_table import card_stem
 
 HERE = Path(__file__).resolve().parent
 K = V = 128
@@ -170,8 +171,7 @@ def save(args, results):
         return
     args.out_dir.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name()
-    card = "h200" if "H200" in name else "h100" if "H100" in name else "gpu"
-    path = args.out_dir / f"scale_{card}.json"
+    path = args.out_dir / f"scale_{card_stem(name)}.json"
     earlier, results = [], json.loads(json.dumps(results, default=str))  # head keys as strings
     if path.exists():
         old = json.loads(path.read_text())

@@ -6,6 +6,7 @@ GPU tests are marked ``gpu`` and are never skipped on a machine with a GPU)."""
 from __future__ import annotations
 
 import math
+import socket
 
 import pytest
 import torch
@@ -14,6 +15,13 @@ import torch.nn.functional as F
 HAS_CUDA = torch.cuda.is_available()
 
 requires_gpu = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device on this machine")
+
+
+def free_port() -> int:
+    """A free TCP port on this host, for a test's torch.distributed rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:

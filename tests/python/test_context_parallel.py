@@ -6,7 +6,6 @@ simulated by two processes sharing it (bf16, the GPU suite's bounds against fp64
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ import torch.multiprocessing as mp
 import flashqla
 from flashqla.context_parallel import chunk_gated_delta_rule_cp
 
-from conftest import rel_error
+from conftest import free_port, rel_error
 
 H, HV, K, V = 2, 4, 16, 8
 
@@ -77,11 +76,6 @@ def worker(rank, world, port, bounds, seed, beta_sigmoid, out_dir, device="cpu",
     finally:
         dist.destroy_process_group()
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("bounds,beta_sigmoid,cu", [

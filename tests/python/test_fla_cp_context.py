@@ -14,7 +14,6 @@ import bisect
 import inspect
 import os
 import re
-import socket
 
 import pytest
 import torch
@@ -23,7 +22,7 @@ import torch.multiprocessing as mp
 
 import flashqla
 
-from conftest import rel_error
+from conftest import free_port, rel_error
 
 H, HV, K, V = 2, 4, 16, 8
 TOL = 1e-10
@@ -212,11 +211,6 @@ def reference(case, world, with_states):
     grads = {n: t[n].grad for n in ("q", "k", "v", "g", "beta")}
     return o.detach(), grads, {key: s.detach() for key, s in states.items()}, t["h0"].grad
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def needs_fla_builder(layout):
