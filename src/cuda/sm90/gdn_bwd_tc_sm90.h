@@ -1,5 +1,5 @@
 // The tensor-core backward (K = V = 128, bf16 q, k, v and dO): three launches,
-//   1. prep   (chunk, value head): M = (I + A)⁻¹ and the state-free products
+//   1. prep   (chunk, q/k head; its value heads in turn): M = (I + A)⁻¹ and the state-free products
 //             W, U0, Z of each chunk            gdn_bwd_tc_prep_sm90.cu
 //   2. chains (sequence, value head, V tile of 32 or 16) × 2: S entering and dS leaving
 //             every chunk, in bf16; d_initial_state   gdn_bwd_tc_chains_sm90.cu
