@@ -262,30 +262,6 @@ __device__ __forceinline__ void warp_gemm_pair(float (&acc1)[1][NT][4], const Ti
   }
 }
 
-// Two products of one A in one pass: acc1 += A · B1 and acc2 += A · B2 (as
-// warp_gemm, B [k][n]): A's fragments loaded once, the two chains interleaved.
-template <int NT, int kUnroll = 2>
-__device__ __forceinline__ void warp_gemm_shared_a(float (&acc1)[1][NT][4], const Tile& B1, float (&acc2)[1][NT][4],
-                                                   const Tile& B2, const Tile& A, int m0, int n0, int kdim) {
-  static_assert(NT % 2 == 0, "n-tiles come in pairs");
-  const int lane = threadIdx.x % 32;
-#pragma unroll kUnroll
-  for (int k0 = 0; k0 < kdim; k0 += 16) {
-    uint32_t a[4];
-    mma::load_a(a, A, m0, k0, lane);
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      uint32_t b1[4], b2[4];
-      mma::load_b_kn(b1, B1, k0, n0 + 16 * np, lane);
-      mma::load_b_kn(b2, B2, k0, n0 + 16 * np, lane);
-      Mma::run(acc1[0][2 * np], a, b1[0], b1[1]);
-      Mma::run(acc2[0][2 * np], a, b2[0], b2[1]);
-      Mma::run(acc1[0][2 * np + 1], a, b1[2], b1[3]);
-      Mma::run(acc2[0][2 * np + 1], a, b2[2], b2[3]);
-    }
-  }
-}
-
 template <int MT, int NT>
 __device__ __forceinline__ void zero(float (&acc)[MT][NT][4]) {
 #pragma unroll
