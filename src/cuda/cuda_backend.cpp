@@ -228,6 +228,17 @@ bool simple_backward_forced() {
   return forced;
 }
 
+// FLASHQLA_BACKWARD_GRADS=warpgroups runs the tensor-core backward's last step
+// on the warpgroup kernel (gdn_bwd_tc_grads_wg_sm90.cu), a candidate measured
+// against the default one.
+bool warpgroup_grads_selected() {
+  static const bool selected = [] {
+    const char* v = std::getenv("FLASHQLA_BACKWARD_GRADS");
+    return v != nullptr && std::strcmp(v, "warpgroups") == 0;
+  }();
+  return selected;
+}
+
 }  // namespace
 
 BackwardPlan plan_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const char* entry) {
@@ -309,7 +320,9 @@ void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const B
                   entry, (long long)l.chunk_slots, plan.chain_columns, l.bytes);
     check_cuda(launch_gdn_bwd_tc_prep(a, p.fwd.stream), entry, "tensor-core backward prep launch");
     check_cuda(launch_gdn_bwd_tc_chains(a, plan.chain_columns, p.fwd.stream), entry, "tensor-core backward chains launch");
-    check_cuda(launch_gdn_bwd_tc_grads(a, p.fwd.stream), entry, "tensor-core backward grads launch");
+    check_cuda(warpgroup_grads_selected() ? launch_gdn_bwd_tc_grads_warpgroups(a, p.fwd.stream)
+                                          : launch_gdn_bwd_tc_grads(a, p.fwd.stream),
+               entry, "tensor-core backward grads launch");
     return;
   }
   const SimpleBackwardLayout& l = plan.simple;

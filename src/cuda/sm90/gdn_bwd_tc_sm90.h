@@ -48,5 +48,8 @@ cudaError_t launch_gdn_bwd_tc_prep(const BackwardArgs& args, cudaStream_t stream
 cudaError_t launch_gdn_bwd_tc_chains(const BackwardArgs& args, int value_columns, cudaStream_t stream);
 
 cudaError_t launch_gdn_bwd_tc_grads(const BackwardArgs& args, cudaStream_t stream);
+// The same step on three warpgroups with wgmma (gdn_bwd_tc_grads_wg_sm90.cu), a
+// candidate selected by FLASHQLA_BACKWARD_GRADS=warpgroups.
+cudaError_t launch_gdn_bwd_tc_grads_warpgroups(const BackwardArgs& args, cudaStream_t stream);
 
 }  // namespace flashqla::cuda

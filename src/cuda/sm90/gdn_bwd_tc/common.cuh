@@ -167,8 +167,8 @@ __device__ __forceinline__ float chunk_scan(float x, float* carry, bool reverse)
 // (l2norm ? rsqrt(Σx² + 1e-6) : 1) · scale(r), as the forward normalises. One
 // warp a row, four columns a lane. factors (when given) receives each row's
 // factor, rows r < L.
-template <int kThreads, typename Scale>
-__device__ __forceinline__ void scale_rows(const Tile& t, int L, bool l2norm, Scale scale, float* factors = nullptr) {
+template <int kThreads, typename TileT, typename Scale>
+__device__ __forceinline__ void scale_rows(const TileT& t, int L, bool l2norm, Scale scale, float* factors = nullptr) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int r = warp; r < L; r += kThreads / 32) {
     uint2* p = reinterpret_cast<uint2*>(t.at(r, lane * 4));
