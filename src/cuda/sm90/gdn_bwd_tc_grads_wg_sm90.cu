@@ -257,8 +257,14 @@ __device__ __forceinline__ void add_rows(float (&arr)[kChunk], const float (&v)[
   }
 }
 
-// Inside role 2 (its four warps at the same instruction).
-using TailBarrier = ws::NamedBarrier<1, 1, 128>;
+// Named barriers (0 is the CTA's): inside role 1 and inside role 2 (each its
+// four warps at one instruction), and role 1 with role 2 (the two sides at
+// their own instructions: barrier.sync).
+using Role2Barrier = ws::NamedBarrier<1, 1, 128>;
+using Role1Barrier = ws::NamedBarrier<2, 1, 128>;
+using VdReady = ws::NamedBarrier<3, 1, 256>;  // vd, vdb written (role 1) / read next (role 2)
+using DrReady = ws::NamedBarrier<4, 1, 256>;  // dr, dks written (role 2) / read next (role 1)
+static_assert(ws::named_barriers_disjoint<Role2Barrier, Role1Barrier, VdReady, DrReady>(), "named barrier ids overlap");
 
 // The tiles a phase works on, formed where it starts from the shared memory's
 // address made opaque (smem_again): ptxas would otherwise keep every tile's
@@ -287,7 +293,12 @@ __device__ __forceinline__ GradsSmem& smem_again(GradsSmem& s) {
 // One warpgroup's part of the value-head loop (kRole 0, 1, 2 as the header
 // says); every role passes the same CTA barriers in the same order. Returns
 // dq (role 0) or dk (role 1) in acc.
-template <int kRole>
+// kPairBarriers: inside a half, the roles wait only for what they read (role 1
+// for its own ru and role 2's dr and dks, role 2 for role 1's vd and its own
+// dVd, role 0 for nothing); otherwise a CTA barrier between every two phases.
+// Either way the half starts at a CTA barrier (its stage in place, the tiles
+// of the half before free).
+template <int kRole, bool kPairBarriers>
 __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
   const BackwardArgs& a = x.a;
   const ForwardArgs& f = a.f;
@@ -343,7 +354,11 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
                                         dS);
         wait_all_wgmma(xa);
       }
-      sync_all();  // B1: ru
+      if constexpr (!kPairBarriers) {
+        sync_all();  // B1: ru
+      } else if constexpr (kRole == 1) {
+        Role1Barrier::sync();
+      }
 
       // Phase B: role 1 Vd = M ru → vd, vdb.
       if constexpr (kRole == 1) { HALF_TILES
@@ -357,7 +372,11 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         });
         wgmma::fence_shared_for_async();
       }
-      sync_all();  // B2: vd, vdb
+      if constexpr (!kPairBarriers) {
+        sync_all();  // B2: vd, vdb
+      } else if constexpr (kRole != 0) {
+        VdReady::sync_unaligned();
+      }
 
       // Phase C: role 1 dk += b Vd dS'_hᵀ (waited in D); role 2 x_r += (b K̂dS')_r · Vd_r,
       // dVd = b K̂dS' + Pᵀ dO → dvd.
@@ -379,7 +398,11 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         for_each_acc<64>(xa, [&](int, int, int r, int c, float& x0, float& x1) { store_bf16_pair(dvd, r, c, x0, x1); });
         wgmma::fence_shared_for_async();
       }
-      sync_all();  // B3: dvd
+      if constexpr (!kPairBarriers) {
+        sync_all();  // B3: dvd
+      } else if constexpr (kRole == 2) {
+        Role2Barrier::sync();
+      }
 
       // Phase D: role 2 dR = Mᵀ dVd → dv, dr, dks; U · dR and KS · dR by rows.
       if constexpr (kRole == 2) { HALF_TILES
@@ -408,7 +431,11 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
       } else if constexpr (kRole == 1) { HALF_TILES
         wait_all_wgmma(acc_main);  // b Vd dS'ᵀ
       }
-      sync_all();  // B4: dr, dks
+      if constexpr (!kPairBarriers) {
+        sync_all();  // B4: dr, dks
+      } else if constexpr (kRole != 0) {
+        DrReady::sync_unaligned();
+      }
 
       // Phase E: role 1 dk += dks S_hᵀ, dA += dR Vdᵀ; role 2 dP += dO Vdᵀ.
       if constexpr (kRole == 1) { HALF_TILES
@@ -523,7 +550,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
                         s.beta[r] * scratch[r * kLdF + c + 1] + s.beta[c + 1] * scratch[(c + 1) * kLdF + r]);
       }
       wgmma::fence_shared_for_async();
-      TailBarrier::sync();  // the column sums of the warpgroup's four warps
+      Role2Barrier::sync();  // the column sums of the warpgroup's four warps
       if (lt < 32) {  // two rows a lane
         float dgam[2], xsum = 0.f;
         const float sds_total = s.red[0] + s.red[1] + s.red[2] + s.red[3];
@@ -625,13 +652,13 @@ constexpr int kRoleRegisters[3] = {160, 192, 152};
 static_assert(kRoleRegisters[0] + kRoleRegisters[1] + kRoleRegisters[2] <= 3 * kLaunchRegisters,
               "the roles' registers fit the register file");
 
-template <int kRole>
+template <int kRole, bool kPairBarriers>
 __device__ __forceinline__ void role_main(const Ctx& x) {
   if constexpr (kRoleRegisters[kRole] != kLaunchRegisters)
     ws::set_max_registers<kRoleRegisters[kRole], kLaunchRegisters>();
   float acc[64];  // dq (role 0), dk (role 1)
   zero_acc(acc);
-  run_role<kRole>(x, acc);
+  run_role<kRole, kPairBarriers>(x, acc);
   // The raw q and k rows for the l2norm backward, into the (now free) stages.
   const BackwardArgs& a = x.a;
   const ForwardArgs& f = a.f;
@@ -649,6 +676,7 @@ __device__ __forceinline__ void role_main(const Ctx& x) {
   if constexpr (kRole == 1) finish_rows(x, acc, raw_k, a.dk, a.dk_sb, a.dk_st, a.dk_sh, a.dk_dtype);
 }
 
+template <bool kPairBarriers>
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const BackwardArgs a) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   GradsSmem& s = *reinterpret_cast<GradsSmem*>(smem_raw);
@@ -693,24 +721,24 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const 
   }
   __syncthreads();
   if (wg == 0) {
-    role_main<0>(x);
+    role_main<0, kPairBarriers>(x);
   } else if (wg == 1) {
-    role_main<1>(x);
+    role_main<1, kPairBarriers>(x);
   } else {
-    role_main<2>(x);
+    role_main<2, kPairBarriers>(x);
   }
 }
 
 }  // namespace
 
-cudaError_t launch_gdn_bwd_tc_grads_warpgroups(const BackwardArgs& args, cudaStream_t stream) {
+cudaError_t launch_gdn_bwd_tc_grads_warpgroups(const BackwardArgs& args, bool pair_barriers, cudaStream_t stream) {
   const size_t smem = sizeof(GradsSmem);
-  cudaError_t err = cudaFuncSetAttribute(gdn_bwd_tc_grads_wg_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(smem));
+  auto* const kernel = pair_barriers ? gdn_bwd_tc_grads_wg_kernel<true> : gdn_bwd_tc_grads_wg_kernel<false>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   if (args.chunk_slots == 0 || args.f.H == 0) return cudaSuccess;
-  gdn_bwd_tc_grads_wg_kernel<<<dim3(static_cast<unsigned>(args.chunk_slots), static_cast<unsigned>(args.f.H)),
-                               kThreads, smem, stream>>>(args);
+  kernel<<<dim3(static_cast<unsigned>(args.chunk_slots), static_cast<unsigned>(args.f.H)), kThreads, smem, stream>>>(
+      args);
   return cudaGetLastError();
 }
 
