@@ -81,6 +81,10 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       benchmarks/tools/backward_latency, run the C++ suite's backward GPU tests
       (both kernels), the backward's latency (BWD_SHAPES, default 0,1,2,4,5) and
       each backward kernel's time under Nsight Compute (BWD_NCU_SHAPES, 0,4).
+      BWD_GRADS="warpgroups warpgroups-cta": also each of these grads kernels
+      (FLASHQLA_BACKWARD_GRADS): a short first case (a hang stops the run), the
+      backward GPU tests under it, and its latency beside the default's,
+      interleaved over BWD_ROUNDS rounds (1).
       Default $OUT: /tmp/flashqla-gpu-bwd-iterate.
   compare [--quick] [--wgmma-issue] [VERSION...]
       Time kernel versions side by side in one call: each version's fused kernel
@@ -377,20 +381,48 @@ cmd_iterate() {
 cmd_bwd_iterate() {
   local out="${OUT:-/tmp/flashqla-gpu-bwd-iterate}"
   mkdir -p "${out}"
-  local build=build-gpu start
+  local build=build-gpu start variant rc
+  local variants=(${BWD_GRADS:-})
   start=${SECONDS}
   fq_gpu_configure_and_build "${build}" "${out}" all backward_latency
   local build_s=$((SECONDS - start))
   local bin="${build}/benchmarks/tools/backward_latency"
+  local tests
+  tests=$(find "${build}" -name flashqla_tests -type f | head -n 1)
+  local select="GpuBackward|gpu_backward|BackwardSupport"
+  for variant in "${variants[@]}"; do
+    # One short case first: a kernel that deadlocks would cost every test's timeout.
+    FLASHQLA_BACKWARD_GRADS=${variant} timeout 30 "${tests}" \
+      --gtest_filter='Cuda/GpuBackward.MatchesCpuOracle/len65' > "${out}/probe-${variant}.log" 2>&1
+    rc=$?
+    echo "grads ${variant}: first case rc ${rc}"
+    grep -E "relative error|Failure" "${out}/probe-${variant}.log" | head -n 8
+    [[ ${rc} -eq 124 ]] && { echo "grads ${variant} hangs"; exit 1; }
+  done
   start=${SECONDS}
-  ctest --test-dir "${build}" --output-on-failure --timeout 300 -j 4 -R "GpuBackward|gpu_backward|BackwardSupport" \
-    > "${out}/ctest.log" 2>&1
+  ctest --test-dir "${build}" --output-on-failure --timeout 300 -j 4 -R "${select}" > "${out}/ctest.log" 2>&1
   local ctest_rc=$?
+  for variant in "${variants[@]}"; do
+    FLASHQLA_BACKWARD_GRADS=${variant} ctest --test-dir "${build}" --output-on-failure --timeout 300 -j 4 \
+      -R "${select}" > "${out}/ctest-${variant}.log" 2>&1 || ctest_rc=1
+    echo "grads ${variant}: $(grep -E "tests passed" "${out}/ctest-${variant}.log")"
+  done
   local ctest_s=$((SECONDS - start))
-  grep -E "\*\*\*|Failed|Skipped" "${out}/ctest.log" | head -n 30
-  REPS=5 timeout 120 "${bin}" "${BWD_SHAPES:-0,1,2,4,5}" > "${out}/latency.log" 2>&1
+  grep -hE "\*\*\*|Failed|Skipped" "${out}"/ctest*.log | head -n 30
+  local round
+  for round in $(seq 1 "${BWD_ROUNDS:-1}"); do
+    REPS=5 timeout 120 "${bin}" "${BWD_SHAPES:-0,1,2,4,5}" > "${out}/latency-${round}.log" 2>&1
+    for variant in "${variants[@]}"; do
+      FLASHQLA_BACKWARD_GRADS=${variant} REPS=5 timeout 120 "${bin}" "${BWD_SHAPES:-0,1,2,4,5}" \
+        > "${out}/latency-${variant}-${round}.log" 2>&1
+    done
+  done
   timeout 120 ncu --metrics gpu__time_duration.sum -k regex:gdn_bwd "${bin}" "${BWD_NCU_SHAPES:-0,4}" \
     > "${out}/ncu.log" 2>&1
+  for variant in "${variants[@]}"; do
+    FLASHQLA_BACKWARD_GRADS=${variant} timeout 120 ncu --metrics gpu__time_duration.sum -k regex:gdn_bwd "${bin}" \
+      "${BWD_NCU_SHAPES:-0,4}" > "${out}/ncu-${variant}.log" 2>&1
+  done
   echo
   echo "| step                     | result |"
   echo "|--------------------------|--------|"
@@ -398,9 +430,15 @@ cmd_bwd_iterate() {
   printf "| GPU backward tests (s, rc) | %3s %2s |\n" "${ctest_s}" "${ctest_rc}"
   printf "| tests total/skipped      | %3s %2s |\n" \
     "$(grep -oE "out of [0-9]+" "${out}/ctest.log" | grep -oE "[0-9]+" | tail -n 1)" "$(grep -c "(Skipped)" "${out}/ctest.log")"
-  echo "per kernel (ncu, shapes ${BWD_NCU_SHAPES:-0,4}, us or ms as printed):"
-  grep -E "gdn_bwd|gpu__time_duration" "${out}/ncu.log" | paste - - | awk '{print "  " $1, $(NF-1), $NF}'
-  cat "${out}/latency.log"
+  local log
+  for log in "${out}"/ncu*.log; do
+    echo "per kernel ($(basename "${log}" .log), shapes ${BWD_NCU_SHAPES:-0,4}, us or ms as printed):"
+    grep -E "gdn_bwd|gpu__time_duration" "${log}" | paste - - | awk '{print "  " $1, $(NF-1), $NF}'
+  done
+  for log in "${out}"/latency*.log; do
+    echo "== $(basename "${log}" .log)"
+    cat "${log}"
+  done
   [[ ${ctest_rc} -eq 0 ]]
 }
 
