@@ -230,12 +230,14 @@ bool simple_backward_forced() {
 
 // FLASHQLA_BACKWARD_GRADS=warpgroups (or warpgroups-cta) runs the tensor-core
 // backward's last step on the warpgroup kernel (gdn_bwd_tc_grads_wg_sm90.cu), a
-// candidate measured against the default one: 0 default, 1 warpgroups, 2 -cta.
-int warpgroup_grads_selected() {
-  static const int selected = [] {
+// candidate measured against the default one.
+enum class GradsKernel { kDefault, kWarpgroups, kWarpgroupsCta };
+GradsKernel grads_kernel_selected() {
+  static const GradsKernel selected = [] {
     const char* v = std::getenv("FLASHQLA_BACKWARD_GRADS");
-    if (v == nullptr) return 0;
-    return std::strcmp(v, "warpgroups") == 0 ? 1 : std::strcmp(v, "warpgroups-cta") == 0 ? 2 : 0;
+    if (v == nullptr) return GradsKernel::kDefault;
+    if (std::strcmp(v, "warpgroups") == 0) return GradsKernel::kWarpgroups;
+    return std::strcmp(v, "warpgroups-cta") == 0 ? GradsKernel::kWarpgroupsCta : GradsKernel::kDefault;
   }();
   return selected;
 }
@@ -321,9 +323,10 @@ void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const B
                   entry, (long long)l.chunk_slots, plan.chain_columns, l.bytes);
     check_cuda(launch_gdn_bwd_tc_prep(a, p.fwd.stream), entry, "tensor-core backward prep launch");
     check_cuda(launch_gdn_bwd_tc_chains(a, plan.chain_columns, p.fwd.stream), entry, "tensor-core backward chains launch");
-    check_cuda(warpgroup_grads_selected() != 0
-                   ? launch_gdn_bwd_tc_grads_warpgroups(a, warpgroup_grads_selected() == 1, p.fwd.stream)
-                                          : launch_gdn_bwd_tc_grads(a, p.fwd.stream),
+    const GradsKernel grads = grads_kernel_selected();
+    check_cuda(grads == GradsKernel::kDefault
+                   ? launch_gdn_bwd_tc_grads(a, p.fwd.stream)
+                   : launch_gdn_bwd_tc_grads_warpgroups(a, grads == GradsKernel::kWarpgroups, p.fwd.stream),
                entry, "tensor-core backward grads launch");
     return;
   }

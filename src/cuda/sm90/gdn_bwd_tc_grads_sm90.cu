@@ -69,15 +69,8 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
   extern __shared__ __align__(16) unsigned char smem_raw[];
   GradsSmem& s = *reinterpret_cast<GradsSmem*>(smem_raw);
   const ForwardArgs& f = a.f;
-  // The chunk, kept in shared memory and read where used (uniform values that
-  // would otherwise hold registers through the whole kernel).
   __shared__ ChunkRef chunk;
-  {
-    const ChunkRef mine = chunk_of_slot(f, blockIdx.x);
-    if (!mine.valid) return;
-    if (threadIdx.x == 0) chunk = mine;
-    __syncthreads();
-  }
+  if (!park_chunk(f, chunk)) return;
   const ChunkRef& cr = chunk;
   const int64_t h = blockIdx.y, slot = blockIdx.x;
   const int L = cr.L, tid = threadIdx.x, warp = tid / 32, part = warp / 4;

@@ -73,6 +73,18 @@ __device__ __forceinline__ ChunkRef chunk_of_slot(const ForwardArgs& f, int64_t 
   return r;
 }
 
+// The CTA's chunk (slot blockIdx.x) into `chunk`, a __shared__ ChunkRef that
+// the kernel reads where it uses a field (uniform values that would otherwise
+// hold registers through the whole kernel): false, for the whole CTA, where no
+// chunk takes the slot. A CTA barrier when true.
+__device__ __forceinline__ bool park_chunk(const ForwardArgs& f, ChunkRef& chunk) {
+  const ChunkRef mine = chunk_of_slot(f, blockIdx.x);
+  if (!mine.valid) return false;
+  if (threadIdx.x == 0) chunk = mine;
+  __syncthreads();
+  return true;
+}
+
 // 16 bytes global -> shared without registers (cp.async); src_bytes 0 writes
 // zeros (the source address is not read).
 __device__ __forceinline__ void copy_async_16(void* dst, const void* src, bool valid) {
