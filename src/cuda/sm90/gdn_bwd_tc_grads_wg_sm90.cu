@@ -686,12 +686,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const 
   GradsSmem& s = *reinterpret_cast<GradsSmem*>(smem_raw);
   const ForwardArgs& f = a.f;
   __shared__ ChunkRef chunk;
-  {
-    const ChunkRef mine = chunk_of_slot(f, blockIdx.x);
-    if (!mine.valid) return;
-    if (threadIdx.x == 0) chunk = mine;
-    __syncthreads();
-  }
+  if (!park_chunk(f, chunk)) return;
   const ChunkRef& cr = chunk;
   const int64_t h = blockIdx.y;
   const Ctx x{s, a, cr, h, static_cast<int64_t>(blockIdx.x), h * f.group, (h + 1) * f.group, cr.L};
