@@ -228,16 +228,15 @@ bool simple_backward_forced() {
   return forced;
 }
 
-// FLASHQLA_BACKWARD_GRADS=warpgroups (or warpgroups-cta) runs the tensor-core
+// FLASHQLA_BACKWARD_GRADS=warpgroups runs the tensor-core
 // backward's last step on the warpgroup kernel (gdn_bwd_tc_grads_wg_sm90.cu), a
 // candidate measured against the default one.
-enum class GradsKernel { kDefault, kWarpgroups, kWarpgroupsCta };
+enum class GradsKernel { kDefault, kWarpgroups };
 GradsKernel grads_kernel_selected() {
   static const GradsKernel selected = [] {
     const char* v = std::getenv("FLASHQLA_BACKWARD_GRADS");
     if (v == nullptr) return GradsKernel::kDefault;
-    if (std::strcmp(v, "warpgroups") == 0) return GradsKernel::kWarpgroups;
-    return std::strcmp(v, "warpgroups-cta") == 0 ? GradsKernel::kWarpgroupsCta : GradsKernel::kDefault;
+    return std::strcmp(v, "warpgroups") == 0 ? GradsKernel::kWarpgroups : GradsKernel::kDefault;
   }();
   return selected;
 }
@@ -326,7 +325,7 @@ void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const B
     const GradsKernel grads = grads_kernel_selected();
     check_cuda(grads == GradsKernel::kDefault
                    ? launch_gdn_bwd_tc_grads(a, p.fwd.stream)
-                   : launch_gdn_bwd_tc_grads_warpgroups(a, grads == GradsKernel::kWarpgroups, p.fwd.stream),
+                   : launch_gdn_bwd_tc_grads_warpgroups(a, p.fwd.stream),
                entry, "tensor-core backward grads launch");
     return;
   }

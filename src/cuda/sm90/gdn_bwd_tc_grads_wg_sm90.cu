@@ -136,14 +136,55 @@ __device__ __forceinline__ void store_bf16_pair(const TileT& t, int r, int c, fl
   *reinterpret_cast<uint32_t*>(t.at(r, c)) = Mma::pack(x0, x1);
 }
 
+// Writes rows r < L of a warpgroup's m64nN accumulator, times scale(r), to
+// out[base + r · stride + column] (elements). bf16 pairs (bf16_pairs) take a
+// loop of their own, one row pointer for each of the thread's two rows, so
+// that the usual path is a few instructions a pair and the dtype dispatch of
+// store_float stays out of its way.
+template <int N, typename Scale>
+__device__ __forceinline__ void store_acc_rows(const float (&d)[N / 2], void* out, flashqla_dtype_t dtype, int64_t base,
+                                               int64_t stride, bool pairs, int L, Scale scale) {
+  const int t = tid_again(), lane = t % 32, w = (t / 32) % 4;
+  const int r0 = 16 * w + lane / 4, c0 = 2 * (lane % 4);
+  if (pairs) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = r0 + 8 * hh;
+      if (r < L) {
+        bf16* const row = static_cast<bf16*>(out) + base + r * stride + c0;
+        const float sc = scale(r);
+#pragma unroll
+        for (int j = 0; j < N / 8; ++j)
+          *reinterpret_cast<uint32_t*>(row + 8 * j) = Mma::pack(sc * d[4 * j + 2 * hh], sc * d[4 * j + 2 * hh + 1]);
+      }
+    }
+  } else {
+#pragma unroll 1
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = r0 + 8 * hh;
+      if (r >= L) continue;
+      const int64_t o = base + r * stride + c0;
+      const float sc = scale(r);
+#pragma unroll
+      for (int j = 0; j < N / 8; ++j) {
+        store_float(out, dtype, o + 8 * j, sc * (hh == 0 ? d[4 * j] : d[4 * j + 2]));
+        store_float(out, dtype, o + 8 * j + 1, sc * (hh == 0 ? d[4 * j + 1] : d[4 * j + 3]));
+      }
+    }
+  }
+}
+
 // Starts copying rows [0, kRows) of kCols bf16 columns (row r at src + r
-// stride) into a core-matrix tile, rows >= L as zeros; by all kThreads threads,
-// eight consecutive threads filling one core matrix (128 contiguous bytes).
-template <int kCols, int kRows>
+// stride) into a core-matrix tile, rows >= L as zeros; by threads 0 ..
+// kBy − 1, eight consecutive threads filling one core matrix (128 contiguous
+// bytes). A rolled loop: the copies run in every role's loop, whose code must
+// stay small enough for the instruction cache.
+template <int kBy, int kCols, int kRows>
 __device__ __forceinline__ void load_core_rows(const mma::CoreTile<bf16, kCols>& dst, const bf16* src, int64_t stride,
                                                int L) {
   constexpr int kVecs = kCols / 8;
-  for (int i = tid_again(); i < kRows * kVecs; i += kThreads) {
+#pragma unroll 1
+  for (int i = tid_again() % kBy; i < kRows * kVecs; i += kBy) {
     const int r = (i / (8 * kVecs)) * 8 + i % 8, v = (i / 8) % kVecs;
     copy_async_16(dst.at(r, v * 8), r < L ? src + r * stride + v * 8 : src, r < L);
   }
@@ -169,12 +210,14 @@ struct Ctx {
   int L;
 };
 
+template <int kBy>
 __device__ __forceinline__ void issue_m(const Ctx& x, int64_t hv) {
   const ForwardArgs& f = x.a.f;
   const int64_t tok64 = token_index(x.cr.row, x.cr.t0, f.T, hv, f.HV, kChunk);
-  load_core_rows<64, kChunk>(Sq{x.s.m}, reinterpret_cast<const bf16*>(x.a.minv) + tok64, f.HV * kChunk, x.L);
+  load_core_rows<kBy, 64, kChunk>(Sq{x.s.m}, reinterpret_cast<const bf16*>(x.a.minv) + tok64, f.HV * kChunk, x.L);
 }
 
+template <int kBy>
 __device__ __forceinline__ void issue_half(const Ctx& x, int64_t hv, int half) {
   const ForwardArgs& f = x.a.f;
   const BackwardArgs& a = x.a;
@@ -182,17 +225,17 @@ __device__ __forceinline__ void issue_half(const Ctx& x, int64_t hv, int half) {
   Stage& st = x.s.stage[half];
   const int cv0 = kHalf * half;
   const int64_t so = (x.slot * f.HV + hv) * kDim * kDim + cv0;
-  load_core_rows<64, kDim>(Sq{st.s}, reinterpret_cast<const bf16*>(a.states) + so, kDim, kDim);
-  load_core_rows<64, kDim>(Sq{st.ds}, reinterpret_cast<const bf16*>(a.dstates) + so, kDim, kDim);
-  load_core_rows<64, kChunk>(Sq{st.v}, static_cast<const bf16*>(f.v) + cr.row * f.v_sb + cr.t0 * f.v_st + hv * f.v_sh + cv0,
+  load_core_rows<kBy, 64, kDim>(Sq{st.s}, reinterpret_cast<const bf16*>(a.states) + so, kDim, kDim);
+  load_core_rows<kBy, 64, kDim>(Sq{st.ds}, reinterpret_cast<const bf16*>(a.dstates) + so, kDim, kDim);
+  load_core_rows<kBy, 64, kChunk>(Sq{st.v}, static_cast<const bf16*>(f.v) + cr.row * f.v_sb + cr.t0 * f.v_st + hv * f.v_sh + cv0,
                              f.v_st, x.L);
-  load_core_rows<64, kChunk>(
+  load_core_rows<kBy, 64, kChunk>(
       Sq{st.d_o}, static_cast<const bf16*>(a.d_o) + cr.row * a.do_sb + cr.t0 * a.do_st + hv * a.do_sh + cv0, a.do_st, x.L);
 }
 
-// A value head's gates (the first warp: γ its in-chunk cumsum, β activated,
-// e^γ, b = e^{γ_L − γ}), then P = scale Γ ⊙ Q̂K̂ᵀ (lower, rows < L) by all.
-__device__ __forceinline__ void head_start(const Ctx& x, int64_t hv) {
+// A value head's gates by the first warp: γ its in-chunk cumsum, β activated,
+// e^γ, b = e^{γ_L − γ}; role 2's row sums zeroed.
+__device__ __forceinline__ void head_gates(const Ctx& x, int64_t hv) {
   GradsSmem& s = x.s;
   const ForwardArgs& f = x.a.f;
   const int tid = threadIdx.x, L = x.L;
@@ -227,9 +270,17 @@ __device__ __forceinline__ void head_start(const Ctx& x, int64_t hv) {
       s.xr[t] = s.udr[t] = s.ksdr[t] = 0.f;  // role 2's row sums over the halves
     }
   }
-  sync_all();
+}
+
+// P = scale Γ ⊙ Q̂K̂ᵀ (lower, rows < L) by one warpgroup, for its own wgmma
+// after the warpgroup's barrier.
+__device__ __forceinline__ void form_p(const Ctx& x) {
+  GradsSmem& s = x.s;
+  const ForwardArgs& f = x.a.f;
+  const int L = x.L;
   const Sq p{s.p};
-  for (int i = tid_again(); i < kChunk * kChunk / 2; i += kThreads) {
+#pragma unroll 2
+  for (int i = tid_again() % 128; i < kChunk * kChunk / 2; i += 128) {
     const int r = i / (kChunk / 2), c = 2 * (i % (kChunk / 2));
     const bool row_in = r < L;
     store_bf16_pair(p, r, c, row_in && c <= r ? f.scale * fast_exp(s.gamma[r] - s.gamma[c]) * s.qk[r * kLdF + c] : 0.f,
@@ -296,13 +347,14 @@ __device__ __forceinline__ GradsSmem& smem_again(GradsSmem& s) {
 
 // One warpgroup's part of the value-head loop (kRole 0, 1, 2 as the header
 // says); every role passes the same CTA barriers in the same order. Returns
-// dq (role 0) or dk (role 1) in acc.
-// kPairBarriers: inside a half, the roles wait only for what they read (role 1
-// for its own ru and role 2's dr and dks, role 2 for role 1's vd and its own
-// dVd, role 0 for nothing); otherwise a CTA barrier between every two phases.
-// Either way the half starts at a CTA barrier (its stage in place, the tiles
-// of the half before free).
-template <int kRole, bool kPairBarriers>
+// dq (role 0) or dk (role 1) in acc. A half starts at a CTA barrier (its stage
+// in place, the tiles of the half before free); inside it the roles wait only
+// for what they read (role 1 for its own ru and role 2's dr and dks, role 2
+// for role 1's vd and its own P and dVd, role 0 for nothing).
+// Role 0, which waits for no one, also issues every copy of the loop (the
+// next half's stage, the next value head's M) and forms the gates, so that
+// the other roles' loops hold no copy code.
+template <int kRole>
 __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
   const BackwardArgs& a = x.a;
   const ForwardArgs& f = a.f;
@@ -311,7 +363,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
 
 #pragma unroll 1
   for (int64_t hv = x.hv0; hv < x.hv_end; ++hv) {
-    head_start(x, hv);
+    if constexpr (kRole == 0) head_gates(x, hv);
     float t0[64];   // role 0: Σ_h dO_h S_hᵀ
     float dpa[32];  // role 2: dP
     float daa[32];  // role 1: dA (+dR Vdᵀ)
@@ -322,13 +374,12 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
 
 #pragma unroll 1
     for (int half = 0; half < 2; ++half) {
-      land_copies();
-      sync_all();  // B0: the half's stage, M and P in place
+      if constexpr (kRole == 0) land_copies();
+      sync_all();  // B0: the half's stage, M and the gates in place
       // The next half's operands into the other stage (its last reader finished before B0).
-      if (half == 0) {
-        issue_half(x, hv, 1);
-      } else if (hv + 1 < x.hv_end) {
-        issue_half(x, hv + 1, 0);
+      if constexpr (kRole == 0) {
+        const bool next_head = half == 1;
+        if (!next_head || hv + 1 < x.hv_end) issue_half<128>(x, hv + next_head, next_head ? 0 : 1);
       }
 
       // Phase A: role 0 T0 += dO S_hᵀ, <S, dS'>; role 1 KS → kst, ru; role 2 X = K̂ dS'_h.
@@ -356,13 +407,14 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         zero_acc(xa);
         wg_gemm<64, kK, kMN, kDim / 16>(xa, k,
                                         dS);
+        if (half == 0) {  // the value head's P while the product runs
+          form_p(x);
+          wgmma::fence_shared_for_async();
+        }
         wait_all_wgmma(xa);
+        if (half == 0) Role2Barrier::sync();  // P, for phase C's product
       }
-      if constexpr (!kPairBarriers) {
-        sync_all();  // B1: ru
-      } else if constexpr (kRole == 1) {
-        Role1Barrier::sync();
-      }
+      if constexpr (kRole == 1) Role1Barrier::sync();
 
       // Phase B: role 1 Vd = M ru → vd, vdb.
       if constexpr (kRole == 1) { HALF_TILES
@@ -376,11 +428,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         });
         wgmma::fence_shared_for_async();
       }
-      if constexpr (!kPairBarriers) {
-        sync_all();  // B2: vd, vdb
-      } else if constexpr (kRole != 0) {
-        VdReady::sync_unaligned();
-      }
+      if constexpr (kRole != 0) VdReady::sync_unaligned();
 
       // Phase C: role 1 dk += b Vd dS'_hᵀ (waited in D); role 2 x_r += (b K̂dS')_r · Vd_r,
       // dVd = b K̂dS' + Pᵀ dO → dvd.
@@ -402,11 +450,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         for_each_acc<64>(xa, [&](int, int, int r, int c, float& x0, float& x1) { store_bf16_pair(dvd, r, c, x0, x1); });
         wgmma::fence_shared_for_async();
       }
-      if constexpr (!kPairBarriers) {
-        sync_all();  // B3: dvd
-      } else if constexpr (kRole == 2) {
-        Role2Barrier::sync();
-      }
+      if constexpr (kRole == 2) Role2Barrier::sync();
 
       // Phase D: role 2 dR = Mᵀ dVd → dv, dr, dks; U · dR and KS · dR by rows.
       if constexpr (kRole == 2) { HALF_TILES
@@ -424,22 +468,16 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
           store_bf16_pair(dr, r, c, d0, d1);
           const float e = -s.eg[r] * s.beta[r];
           store_bf16_pair(dks, r, c, e * d0, e * d1);
-          if (r < L) {
-            const int64_t o = cr.row * a.dv_sb + (cr.t0 + r) * a.dv_st + hv * a.dv_sh + cv0 + c;
-            store_float_pair(a.dv, a.dv_dtype, o, s.beta[r] * d0, s.beta[r] * d1, dv_pairs);
-          }
         });
+        store_acc_rows<64>(xa, a.dv, a.dv_dtype, cr.row * a.dv_sb + cr.t0 * a.dv_st + hv * a.dv_sh + cv0, a.dv_st,
+                           dv_pairs, L, [&](int r) { return s.beta[r]; });
         add_rows(s.udr, row_u, w, lane);
         add_rows(s.ksdr, row_k, w, lane);
         wgmma::fence_shared_for_async();
       } else if constexpr (kRole == 1) { HALF_TILES
         wait_all_wgmma(acc_main);  // b Vd dS'ᵀ
       }
-      if constexpr (!kPairBarriers) {
-        sync_all();  // B4: dr, dks
-      } else if constexpr (kRole != 0) {
-        DrReady::sync_unaligned();
-      }
+      if constexpr (kRole != 0) DrReady::sync_unaligned();
 
       // Phase E: role 1 dk += dks S_hᵀ, dA += dR Vdᵀ; role 2 dP += dO Vdᵀ.
       if constexpr (kRole == 1) { HALF_TILES
@@ -454,7 +492,9 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
       }
     }
     sync_all();  // T0: the halves' tiles free (dqk, dasym and the fp32 tile alias them), M free
-    if (hv + 1 < x.hv_end) issue_m(x, hv + 1);
+    if constexpr (kRole == 0) {
+      if (hv + 1 < x.hv_end) issue_m<128>(x, hv + 1);
+    }
 
     // Tail 1 (the next value head's M copied meanwhile): role 0 (Q̂S)·dO rows and
     // dq += scale e^γ T0; role 1 dA ⊙ Γ (strictly lower) → scratch; role 2 Γ ⊙ dP →
@@ -641,12 +681,7 @@ __device__ __forceinline__ void finish_rows(const Ctx& x, float (&d)[64], const 
       x1 = rs[hh] * (x1 - xv.y * rs[hh] * ydy[hh]);
     });
   }
-  for_each_acc<128>(d, [&](int, int, int r, int c, float& x0, float& x1) {
-    if (r < x.L) {
-      const int64_t o = x.cr.row * ob + (x.cr.t0 + r) * ost + x.h * osh + c;
-      store_float_pair(out, odt, o, x0, x1, pairs);
-    }
-  });
+  store_acc_rows<128>(d, out, odt, x.cr.row * ob + x.cr.t0 * ost + x.h * osh, ost, pairs, x.L, [](int) { return 1.f; });
 }
 
 // Registers a thread of each role (the launch gives 168 to each of the three
@@ -656,22 +691,22 @@ constexpr int kRoleRegisters[3] = {160, 192, 152};
 static_assert(kRoleRegisters[0] + kRoleRegisters[1] + kRoleRegisters[2] <= 3 * kLaunchRegisters,
               "the roles' registers fit the register file");
 
-template <int kRole, bool kPairBarriers>
+template <int kRole>
 __device__ __forceinline__ void role_main(const Ctx& x) {
   if constexpr (kRoleRegisters[kRole] != kLaunchRegisters)
     ws::set_max_registers<kRoleRegisters[kRole], kLaunchRegisters>();
   float acc[64];  // dq (role 0), dk (role 1)
   zero_acc(acc);
-  run_role<kRole, kPairBarriers>(x, acc);
+  run_role<kRole>(x, acc);
   // The raw q and k rows for the l2norm backward, into the (now free) stages.
   const BackwardArgs& a = x.a;
   const ForwardArgs& f = a.f;
   const ChunkRef& cr = x.cr;
   const Wide raw_q{x.s.stage[0].s}, raw_k{x.s.stage[1].s};
   if (f.use_qk_l2norm) {
-    load_core_rows<kDim, kChunk>(raw_q, static_cast<const bf16*>(f.q) + cr.row * f.q_sb + cr.t0 * f.q_st + x.h * f.q_sh,
+    load_core_rows<kThreads, kDim, kChunk>(raw_q, static_cast<const bf16*>(f.q) + cr.row * f.q_sb + cr.t0 * f.q_st + x.h * f.q_sh,
                                  f.q_st, x.L);
-    load_core_rows<kDim, kChunk>(raw_k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + x.h * f.k_sh,
+    load_core_rows<kThreads, kDim, kChunk>(raw_k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + x.h * f.k_sh,
                                  f.k_st, x.L);
     wait_async_copies();
     sync_all();
@@ -680,7 +715,6 @@ __device__ __forceinline__ void role_main(const Ctx& x) {
   if constexpr (kRole == 1) finish_rows(x, acc, raw_k, a.dk, a.dk_sb, a.dk_st, a.dk_sh, a.dk_dtype);
 }
 
-template <bool kPairBarriers>
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const BackwardArgs a) {
   extern __shared__ __align__(128) unsigned char smem_raw[];
   GradsSmem& s = *reinterpret_cast<GradsSmem*>(smem_raw);
@@ -693,12 +727,12 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const 
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   const Wide q{s.q}, k{s.k};
 
-  load_core_rows<kDim, kChunk>(q, static_cast<const bf16*>(f.q) + cr.row * f.q_sb + cr.t0 * f.q_st + h * f.q_sh, f.q_st,
+  load_core_rows<kThreads, kDim, kChunk>(q, static_cast<const bf16*>(f.q) + cr.row * f.q_sb + cr.t0 * f.q_st + h * f.q_sh, f.q_st,
                                x.L);
-  load_core_rows<kDim, kChunk>(k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + h * f.k_sh, f.k_st,
+  load_core_rows<kThreads, kDim, kChunk>(k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + h * f.k_sh, f.k_st,
                                x.L);
-  issue_m(x, x.hv0);
-  issue_half(x, x.hv0, 0);
+  issue_m<kThreads>(x, x.hv0);
+  issue_half<kThreads>(x, x.hv0, 0);
   land_copies();
   __syncthreads();
   if (f.use_qk_l2norm) {
@@ -720,19 +754,19 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const 
   }
   __syncthreads();
   if (wg == 0) {
-    role_main<0, kPairBarriers>(x);
+    role_main<0>(x);
   } else if (wg == 1) {
-    role_main<1, kPairBarriers>(x);
+    role_main<1>(x);
   } else {
-    role_main<2, kPairBarriers>(x);
+    role_main<2>(x);
   }
 }
 
 }  // namespace
 
-cudaError_t launch_gdn_bwd_tc_grads_warpgroups(const BackwardArgs& args, bool pair_barriers, cudaStream_t stream) {
+cudaError_t launch_gdn_bwd_tc_grads_warpgroups(const BackwardArgs& args, cudaStream_t stream) {
   const size_t smem = sizeof(GradsSmem);
-  auto* const kernel = pair_barriers ? gdn_bwd_tc_grads_wg_kernel<true> : gdn_bwd_tc_grads_wg_kernel<false>;
+  auto* const kernel = gdn_bwd_tc_grads_wg_kernel;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   if (args.chunk_slots == 0 || args.f.H == 0) return cudaSuccess;

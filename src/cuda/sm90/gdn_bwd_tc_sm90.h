@@ -49,9 +49,7 @@ cudaError_t launch_gdn_bwd_tc_chains(const BackwardArgs& args, int value_columns
 
 cudaError_t launch_gdn_bwd_tc_grads(const BackwardArgs& args, cudaStream_t stream);
 // The same step on three warpgroups with wgmma (gdn_bwd_tc_grads_wg_sm90.cu), a
-// candidate selected by FLASHQLA_BACKWARD_GRADS=warpgroups (pair_barriers: the
-// warpgroups wait only for one another inside a half) or =warpgroups-cta (a CTA
-// barrier between every two phases).
-cudaError_t launch_gdn_bwd_tc_grads_warpgroups(const BackwardArgs& args, bool pair_barriers, cudaStream_t stream);
+// candidate selected by FLASHQLA_BACKWARD_GRADS=warpgroups.
+cudaError_t launch_gdn_bwd_tc_grads_warpgroups(const BackwardArgs& args, cudaStream_t stream);
 
 }  // namespace flashqla::cuda
