@@ -412,12 +412,15 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
           wgmma::fence_shared_for_async();
         }
         wait_all_wgmma(xa);
-        if (half == 0) Role2Barrier::sync();  // P, for phase C's product
+        if (half == 0) Role2Barrier::sync();  // P, for the product below
       }
-      if constexpr (kRole == 1) Role1Barrier::sync();
 
-      // Phase B: role 1 Vd = M ru → vd, vdb.
+      // Phase B: role 1 Vd = M ru → vd, vdb (role 2 waits for them only where
+      // it reads kst and vd); role 2 dVd = b K̂dS' + Pᵀ dO → dvd (b K̂dS' kept
+      // for x_r).
+      float bx[32];  // role 2: b K̂dS'
       if constexpr (kRole == 1) { HALF_TILES
+        Role1Barrier::sync();  // ru
         zero_acc(xa);
         wg_gemm<64, kK, kMN, kChunk / 16>(xa, m,
                                           ru);
@@ -427,39 +430,37 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
           store_bf16_pair(vdb, r, c, s.b[r] * x0, s.b[r] * x1);
         });
         wgmma::fence_shared_for_async();
-      }
-      if constexpr (kRole != 0) VdReady::sync_unaligned();
-
-      // Phase C: role 1 dk += b Vd dS'_hᵀ (waited in D); role 2 x_r += (b K̂dS')_r · Vd_r,
-      // dVd = b K̂dS' + Pᵀ dO → dvd.
-      if constexpr (kRole == 1) { HALF_TILES
-        wg_gemm<128, kK, kK, kHalf / 16>(acc_main, vdb,
-                                         dS);
+        VdReady::arrive();
       } else if constexpr (kRole == 2) { HALF_TILES
-        float row_x[2] = {0.f, 0.f};
-        for_each_acc<64>(xa, [&](int, int hh, int r, int c, float& x0, float& x1) {
+        for_each_acc<64>(xa, [&](int j, int hh, int r, int, float& x0, float& x1) {
           x0 *= s.b[r];
           x1 *= s.b[r];
-          const float2 v = load_bf16_pair(vd.at(r, c));
-          row_x[hh] += x0 * v.x + x1 * v.y;
+          bx[4 * j + 2 * hh] = x0;
+          bx[4 * j + 2 * hh + 1] = x1;
         });
-        add_rows(s.xr, row_x, w, lane);
         wg_gemm<64, kMN, kMN, kChunk / 16>(xa, p,
                                            dO);
         wait_all_wgmma(xa);
         for_each_acc<64>(xa, [&](int, int, int r, int c, float& x0, float& x1) { store_bf16_pair(dvd, r, c, x0, x1); });
         wgmma::fence_shared_for_async();
+        Role2Barrier::sync();  // dvd
       }
-      if constexpr (kRole == 2) Role2Barrier::sync();
 
-      // Phase D: role 2 dR = Mᵀ dVd → dv, dr, dks; U · dR and KS · dR by rows.
-      if constexpr (kRole == 2) { HALF_TILES
+      // Phase C: role 1 dk += b Vd dS'_hᵀ; role 2 dR = Mᵀ dVd → dv, dr, dks;
+      // U · dR and KS · dR by rows, then x_r += (b K̂dS')_r · Vd_r.
+      if constexpr (kRole == 1) { HALF_TILES
+        wg_gemm<128, kK, kK, kHalf / 16>(acc_main, vdb,
+                                         dS);  // waited in phase D
+      } else if constexpr (kRole == 2) { HALF_TILES
         const bool dv_pairs = bf16_pairs(a.dv, a.dv_dtype, a.dv_sb, a.dv_st, a.dv_sh);
         zero_acc(xa);
         wg_gemm<64, kMN, kMN, kChunk / 16>(xa, m,
                                            dvd);
         wait_all_wgmma(xa);
         const int cv0 = kHalf * half;
+        store_acc_rows<64>(xa, a.dv, a.dv_dtype, cr.row * a.dv_sb + cr.t0 * a.dv_st + hv * a.dv_sh + cv0, a.dv_st,
+                           dv_pairs, L, [&](int r) { return s.beta[r]; });
+        VdReady::sync_unaligned();  // kst, vd
         float row_u[2] = {0.f, 0.f}, row_k[2] = {0.f, 0.f};
         for_each_acc<64>(xa, [&](int, int hh, int r, int c, float& d0, float& d1) {
           const float2 kv = load_bf16_pair(kst.at(r, c)), v = load_bf16_pair(V.at(r, c));
@@ -469,18 +470,21 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
           const float e = -s.eg[r] * s.beta[r];
           store_bf16_pair(dks, r, c, e * d0, e * d1);
         });
-        store_acc_rows<64>(xa, a.dv, a.dv_dtype, cr.row * a.dv_sb + cr.t0 * a.dv_st + hv * a.dv_sh + cv0, a.dv_st,
-                           dv_pairs, L, [&](int r) { return s.beta[r]; });
+        wgmma::fence_shared_for_async();
+        DrReady::arrive();
         add_rows(s.udr, row_u, w, lane);
         add_rows(s.ksdr, row_k, w, lane);
-        wgmma::fence_shared_for_async();
-      } else if constexpr (kRole == 1) { HALF_TILES
-        wait_all_wgmma(acc_main);  // b Vd dS'ᵀ
+        float row_x[2] = {0.f, 0.f};
+        for_each_acc<64>(bx, [&](int, int hh, int r, int c, float& x0, float& x1) {
+          const float2 v = load_bf16_pair(vd.at(r, c));
+          row_x[hh] += x0 * v.x + x1 * v.y;
+        });
+        add_rows(s.xr, row_x, w, lane);
       }
-      if constexpr (kRole != 0) DrReady::sync_unaligned();
 
-      // Phase E: role 1 dk += dks S_hᵀ, dA += dR Vdᵀ; role 2 dP += dO Vdᵀ.
+      // Phase D: role 1 dk += dks S_hᵀ, dA += dR Vdᵀ; role 2 dP += dO Vdᵀ.
       if constexpr (kRole == 1) { HALF_TILES
+        DrReady::sync_unaligned();  // dr, dks
         wg_gemm<128, kK, kK, kHalf / 16>(acc_main, dks, S);
         wg_gemm<64, kK, kK, kHalf / 16>(daa, dr, vd);
         wgmma::wait<0>();
