@@ -59,6 +59,7 @@ struct GradsSmem {
   float red[4], carry;
 };
 static_assert(sizeof(GradsSmem) <= 227 * 1024, "fits one SM's shared memory");
+extern __shared__ __align__(128) unsigned char grads_smem[];
 static_assert(3 * sizeof(bf16) * kSqElems >= sizeof(float) * kChunk * kLdF, "vd, vdb, dvd hold the fp32 tile");
 static_assert(sizeof(Stage::s) >= sizeof(bf16) * kWideElems, "a state half holds 64 raw q or k rows");
 
@@ -127,6 +128,17 @@ __device__ __forceinline__ void for_each_acc(float (&d)[N / 2], F f) {
   for (int j = 0; j < N / 8; ++j)
 #pragma unroll
     for (int half = 0; half < 2; ++half) f(j, half, r0 + 8 * half, 8 * j + c0, d[4 * j + 2 * half], d[4 * j + 2 * half + 1]);
+}
+
+// A [64] array's values at the thread's two accumulator rows (16 w + g and + 8),
+// read once before a loop over the accumulator whose stores to shared memory
+// would otherwise make the compiler read them again for every pair.
+struct RowVals {
+  float v[2];
+};
+__device__ __forceinline__ RowVals rows_of(const float (&arr)[kChunk]) {
+  const int t = tid_again(), lane = t % 32, w = (t / 32) % 4, r0 = 16 * w + lane / 4;
+  return {{arr[r0], arr[r0 + 8]}};
 }
 
 __device__ __forceinline__ float2 load_bf16_pair(const bf16* p) { return Mma::unpack(*reinterpret_cast<const uint32_t*>(p)); }
@@ -321,16 +333,18 @@ using VdReady = ws::NamedBarrier<3, 1, 256>;  // vd, vdb written (role 1) / read
 using DrReady = ws::NamedBarrier<4, 1, 256>;  // dr, dks written (role 2) / read next (role 1)
 static_assert(ws::named_barriers_disjoint<Role2Barrier, Role1Barrier, VdReady, DrReady>(), "named barrier ids overlap");
 
-// The tiles a phase works on, formed where it starts from the shared memory's
-// address made opaque (smem_again): ptxas would otherwise keep every tile's
+// The tiles a phase works on, formed where it starts from an opaque offset
+// into the shared memory (smem_again): ptxas would otherwise keep every tile's
 // address, and the descriptors made from them, in registers across the loops.
-__device__ __forceinline__ GradsSmem& smem_again(GradsSmem& s) {
-  GradsSmem* p = &s;
-  asm volatile("" : "+l"(p));
-  return *p;
+// The offset, not the address, is made opaque, so that the accesses stay
+// shared-memory instructions (LDS, STS) rather than generic ones.
+__device__ __forceinline__ GradsSmem& smem_again() {
+  uint32_t off = 0;
+  asm volatile("" : "+r"(off));
+  return *reinterpret_cast<GradsSmem*>(grads_smem + off);
 }
 #define PHASE_TILES                                                                                                   \
-  GradsSmem& s = smem_again(x.s);                                                                                     \
+  GradsSmem& s = smem_again();                                                                                     \
   const int tid = tid_again(), lt = tid % 128, lane = tid % 32, w = lt / 32;                                          \
   (void)lt, (void)lane, (void)w;                                                                                      \
   const Wide q{s.q}, k{s.k};                                                                                          \
@@ -397,10 +411,11 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         wg_gemm<64, kK, kMN, kDim / 16>(xa, k,
                                         S);
         wait_all_wgmma(xa);
-        for_each_acc<64>(xa, [&](int, int, int r, int c, float& x0, float& x1) {
+        const RowVals beta = rows_of(s.beta), eg = rows_of(s.eg);
+        for_each_acc<64>(xa, [&](int, int hh, int r, int c, float& x0, float& x1) {
           const float2 v = load_bf16_pair(V.at(r, c));
           store_bf16_pair(kst, r, c, x0, x1);
-          store_bf16_pair(ru, r, c, s.beta[r] * (v.x - s.eg[r] * x0), s.beta[r] * (v.y - s.eg[r] * x1));
+          store_bf16_pair(ru, r, c, beta.v[hh] * (v.x - eg.v[hh] * x0), beta.v[hh] * (v.y - eg.v[hh] * x1));
         });
         wgmma::fence_shared_for_async();
       } else { HALF_TILES
@@ -425,16 +440,18 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         wg_gemm<64, kK, kMN, kChunk / 16>(xa, m,
                                           ru);
         wait_all_wgmma(xa);
-        for_each_acc<64>(xa, [&](int, int, int r, int c, float& x0, float& x1) {
+        const RowVals b = rows_of(s.b);
+        for_each_acc<64>(xa, [&](int, int hh, int r, int c, float& x0, float& x1) {
           store_bf16_pair(vd, r, c, x0, x1);
-          store_bf16_pair(vdb, r, c, s.b[r] * x0, s.b[r] * x1);
+          store_bf16_pair(vdb, r, c, b.v[hh] * x0, b.v[hh] * x1);
         });
         wgmma::fence_shared_for_async();
         VdReady::arrive();
       } else if constexpr (kRole == 2) { HALF_TILES
-        for_each_acc<64>(xa, [&](int j, int hh, int r, int, float& x0, float& x1) {
-          x0 *= s.b[r];
-          x1 *= s.b[r];
+        const RowVals b = rows_of(s.b);
+        for_each_acc<64>(xa, [&](int j, int hh, int, int, float& x0, float& x1) {
+          x0 *= b.v[hh];
+          x1 *= b.v[hh];
           bx[4 * j + 2 * hh] = x0;
           bx[4 * j + 2 * hh + 1] = x1;
         });
@@ -462,12 +479,13 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
                            dv_pairs, L, [&](int r) { return s.beta[r]; });
         VdReady::sync_unaligned();  // kst, vd
         float row_u[2] = {0.f, 0.f}, row_k[2] = {0.f, 0.f};
+        const RowVals beta = rows_of(s.beta), eg = rows_of(s.eg);
         for_each_acc<64>(xa, [&](int, int hh, int r, int c, float& d0, float& d1) {
           const float2 kv = load_bf16_pair(kst.at(r, c)), v = load_bf16_pair(V.at(r, c));
-          row_u[hh] += (v.x - s.eg[r] * kv.x) * d0 + (v.y - s.eg[r] * kv.y) * d1;
+          row_u[hh] += (v.x - eg.v[hh] * kv.x) * d0 + (v.y - eg.v[hh] * kv.y) * d1;
           row_k[hh] += kv.x * d0 + kv.y * d1;
           store_bf16_pair(dr, r, c, d0, d1);
-          const float e = -s.eg[r] * s.beta[r];
+          const float e = -eg.v[hh] * beta.v[hh];
           store_bf16_pair(dks, r, c, e * d0, e * d1);
         });
         wgmma::fence_shared_for_async();
@@ -720,8 +738,7 @@ __device__ __forceinline__ void role_main(const Ctx& x) {
 }
 
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const BackwardArgs a) {
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  GradsSmem& s = *reinterpret_cast<GradsSmem*>(smem_raw);
+  GradsSmem& s = *reinterpret_cast<GradsSmem*>(grads_smem);
   const ForwardArgs& f = a.f;
   __shared__ ChunkRef chunk;
   if (!park_chunk(f, chunk)) return;
