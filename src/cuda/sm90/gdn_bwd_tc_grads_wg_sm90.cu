@@ -474,22 +474,24 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         wg_gemm<64, kMN, kMN, kChunk / 16>(xa, m,
                                            dvd);
         wait_all_wgmma(xa);
-        const int cv0 = kHalf * half;
-        store_acc_rows<64>(xa, a.dv, a.dv_dtype, cr.row * a.dv_sb + cr.t0 * a.dv_st + hv * a.dv_sh + cv0, a.dv_st,
-                           dv_pairs, L, [&](int r) { return s.beta[r]; });
-        VdReady::sync_unaligned();  // kst, vd
-        float row_u[2] = {0.f, 0.f}, row_k[2] = {0.f, 0.f};
         const RowVals beta = rows_of(s.beta), eg = rows_of(s.eg);
         for_each_acc<64>(xa, [&](int, int hh, int r, int c, float& d0, float& d1) {
-          const float2 kv = load_bf16_pair(kst.at(r, c)), v = load_bf16_pair(V.at(r, c));
-          row_u[hh] += (v.x - eg.v[hh] * kv.x) * d0 + (v.y - eg.v[hh] * kv.y) * d1;
-          row_k[hh] += kv.x * d0 + kv.y * d1;
           store_bf16_pair(dr, r, c, d0, d1);
           const float e = -eg.v[hh] * beta.v[hh];
           store_bf16_pair(dks, r, c, e * d0, e * d1);
         });
         wgmma::fence_shared_for_async();
-        DrReady::arrive();
+        DrReady::arrive();  // role 1's phase D waits for nothing else
+        const int cv0 = kHalf * half;
+        store_acc_rows<64>(xa, a.dv, a.dv_dtype, cr.row * a.dv_sb + cr.t0 * a.dv_st + hv * a.dv_sh + cv0, a.dv_st,
+                           dv_pairs, L, [&](int r) { return s.beta[r]; });
+        VdReady::sync_unaligned();  // kst, vd
+        float row_u[2] = {0.f, 0.f}, row_k[2] = {0.f, 0.f};
+        for_each_acc<64>(xa, [&](int, int hh, int r, int c, float& d0, float& d1) {
+          const float2 kv = load_bf16_pair(kst.at(r, c)), v = load_bf16_pair(V.at(r, c));
+          row_u[hh] += (v.x - eg.v[hh] * kv.x) * d0 + (v.y - eg.v[hh] * kv.y) * d1;
+          row_k[hh] += kv.x * d0 + kv.y * d1;
+        });
         add_rows(s.udr, row_u, w, lane);
         add_rows(s.ksdr, row_k, w, lane);
         float row_x[2] = {0.f, 0.f};
