@@ -8,19 +8,18 @@
 // accumulators live only there; registers 160 / 192 / 152). Per value head, V in
 // two halves of 64 columns (S_h, dS'_h, V_h, dO_h of a half in one of two
 // stages, the next half copied in while this one runs):
-//   WG0  T0 += dO_h S_hᵀ (then dq += scale e^γ T0; (Q̂ S)·dO = rows of T0 · Q̂),
-//        <S, dS'>; the tail's dq += (Γ ⊙ dP) K̂.
+//   WG0  the gates; every copy of the loop; T0 += dO_h S_hᵀ (then dq += scale
+//        e^γ T0; (Q̂ S)·dO = rows of T0 · Q̂), <S, dS'>; the tail's dq += (Γ ⊙ dP) K̂.
 //   WG1  KS = K̂ S_h, ru = β (V − e^γ KS), Vd = M ru; dk += b Vd dS'_hᵀ,
 //        dk += −e^γ β dR S_hᵀ, dA += dR Vdᵀ; the tail's dA ⊙ Γ and
 //        dk += (Γ ⊙ dP)ᵀ Q̂ + sym(dA β Γ) K̂.
-//   WG2  X = K̂ dS'_h (while WG1 forms Vd), dVd = b X + Pᵀ dO_h, dR = Mᵀ dVd
-//        (dv = β dR), dP += dO_h Vdᵀ, the row sums; the tail's Γ ⊙ dP,
+//   WG2  P (first half); X = K̂ dS'_h, dVd = b X + Pᵀ dO_h, dR = Mᵀ dVd (dv = β dR)
+//        while WG1 forms Vd; the row sums; dP += dO_h Vdᵀ; the tail's Γ ⊙ dP,
 //        sym(dA β Γ) (with K̂ K̂ᵀ formed again in its registers), dβ and dγ → dg.
-// Each half starts at a CTA barrier; inside it WG1 and WG2 wait for each other
-// (Vd, dR) and WG0 for nothing (or, FLASHQLA_BACKWARD_GRADS=warpgroups-cta, a
-// CTA barrier between every two phases). The l2norm backward of dq (WG0) and
-// dk (WG1) runs on the accumulators, whose rows each warp holds whole.
-// Selected by FLASHQLA_BACKWARD_GRADS=warpgroups (cuda_backend.cpp).
+// Each half starts at a CTA barrier; inside it WG1 and WG2 hand Vd and dR to
+// each other (arrive / sync) and WG0 waits for no one. The l2norm backward of
+// dq (WG0) and dk (WG1) runs on the accumulators, whose rows each warp holds
+// whole. Selected by FLASHQLA_BACKWARD_GRADS=warpgroups (cuda_backend.cpp).
 #include "cuda/sm90/gdn_bwd_tc_sm90.h"
 
 #include "cuda/sm90/gdn_bwd_tc/common.cuh"
