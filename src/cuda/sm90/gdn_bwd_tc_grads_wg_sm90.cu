@@ -380,6 +380,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
     float t0[64];   // role 0: Σ_h dO_h S_hᵀ
     float dpa[32];  // role 2: dP
     float daa[32];  // role 1: dA (+dR Vdᵀ)
+    float kk[32];   // role 2: K̂K̂ᵀ, issued in tail 1, read in tail 2
     float sds = 0.f;                                                           // role 0: <S, dS'> share
     if constexpr (kRole == 0) zero_acc(t0);
     if constexpr (kRole == 1) zero_acc(daa);
@@ -549,6 +550,8 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         scratch[r * kLdF + c + 1] = row_in && c + 1 < r ? -fast_exp(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f;
       });
     } else if constexpr (kRole == 2) { PHASE_TILES
+      zero_acc(kk);
+      wg_gemm<64, kK, kK, kDim / 16>(kk, k, k);  // waited in tail 2
       const int r0 = 16 * w + lane / 4;
       {  // Γ ⊙ dP → dqk; P ⊙ dP (strictly lower) by rows and columns
         float pr[2] = {0.f, 0.f}, pc[16];
@@ -590,9 +593,6 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
       wait_all_wgmma(acc_main);
     } else { PHASE_TILES
       {  // dA ⊙ Γ ⊙ K̂K̂ᵀ by rows, and times β by columns
-        float kk[32];
-        zero_acc(kk);
-        wg_gemm<64, kK, kK, kDim / 16>(kk, k, k);
         wait_all_wgmma(kk);
         const int r0 = 16 * w + lane / 4;
         float ar[2] = {0.f, 0.f}, ac[16];
