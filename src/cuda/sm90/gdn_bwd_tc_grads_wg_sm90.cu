@@ -107,6 +107,15 @@ __device__ __forceinline__ void zero_acc(float (&d)[R]) {
   for (int i = 0; i < R; ++i) d[i] = 0.f;
 }
 
+// d = A B, formed and waited for (wg_gemm from a zeroed accumulator).
+template <int N, cute::SM90::GMMA::Major MA, cute::SM90::GMMA::Major MB, int kSteps, int kColsA, int kColsB>
+__device__ __forceinline__ void wg_product(float (&d)[N / 2], const mma::CoreTile<bf16, kColsA>& A,
+                                           const mma::CoreTile<bf16, kColsB>& B) {
+  zero_acc(d);
+  wg_gemm<N, MA, MB, kSteps>(d, A, B);
+  wait_all_wgmma(d);
+}
+
 // The thread's index read again where it is used (volatile: not merged with an
 // earlier read), so that ptxas recomputes the indices and addresses derived from
 // it in each phase instead of keeping them live, or spilled, across the loops.
@@ -407,10 +416,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         }
         wait_all_wgmma(t0);
       } else if constexpr (kRole == 1) { HALF_TILES
-        zero_acc(xa);
-        wg_gemm<64, kK, kMN, kDim / 16>(xa, k,
-                                        S);
-        wait_all_wgmma(xa);
+        wg_product<64, kK, kMN, kDim / 16>(xa, k, S);
         const RowVals beta = rows_of(s.beta), eg = rows_of(s.eg);
         for_each_acc<64>(xa, [&](int, int hh, int r, int c, float& x0, float& x1) {
           const float2 v = load_bf16_pair(V.at(r, c));
@@ -436,10 +442,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
       float bx[32];  // role 2: b K̂dS'
       if constexpr (kRole == 1) { HALF_TILES
         Role1Barrier::sync();  // ru
-        zero_acc(xa);
-        wg_gemm<64, kK, kMN, kChunk / 16>(xa, m,
-                                          ru);
-        wait_all_wgmma(xa);
+        wg_product<64, kK, kMN, kChunk / 16>(xa, m, ru);
         const RowVals b = rows_of(s.b);
         for_each_acc<64>(xa, [&](int, int hh, int r, int c, float& x0, float& x1) {
           store_bf16_pair(vd, r, c, x0, x1);
@@ -470,10 +473,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
                                          dS);  // waited in phase D
       } else if constexpr (kRole == 2) { HALF_TILES
         const bool dv_pairs = bf16_pairs(a.dv, a.dv_dtype, a.dv_sb, a.dv_st, a.dv_sh);
-        zero_acc(xa);
-        wg_gemm<64, kMN, kMN, kChunk / 16>(xa, m,
-                                           dvd);
-        wait_all_wgmma(xa);
+        wg_product<64, kMN, kMN, kChunk / 16>(xa, m, dvd);
         const RowVals beta = rows_of(s.beta), eg = rows_of(s.eg);
         for_each_acc<64>(xa, [&](int, int hh, int r, int c, float& d0, float& d1) {
           store_bf16_pair(dr, r, c, d0, d1);
@@ -765,10 +765,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const 
   }
   if (wg == 2) {  // Q̂ K̂ᵀ in fp32, shared by the group's value heads
     float acc[32];
-    zero_acc(acc);
-    wg_gemm<64, kK, kK, kDim / 16>(acc, q,
-                                   k);
-    wait_all_wgmma(acc);
+    wg_product<64, kK, kK, kDim / 16>(acc, q, k);
     for_each_acc<64>(acc, [&](int, int, int r, int c, float& x0, float& x1) {
       s.qk[r * kLdF + c] = x0;
       s.qk[r * kLdF + c + 1] = x1;
