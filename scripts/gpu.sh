@@ -81,7 +81,7 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       benchmarks/tools/backward_latency, run the C++ suite's backward GPU tests
       (both kernels), the backward's latency (BWD_SHAPES, default 0,1,2,4,5) and
       each backward kernel's time under Nsight Compute (BWD_NCU_SHAPES, 0,4).
-      BWD_GRADS="warpgroups ...": also each of these grads kernels
+      BWD_GRADS="warps ...": also each of these grads kernels
       (FLASHQLA_BACKWARD_GRADS): a short first case (a hang stops the run), the
       backward GPU tests under it, and its latency beside the default's,
       interleaved over BWD_ROUNDS rounds (1).

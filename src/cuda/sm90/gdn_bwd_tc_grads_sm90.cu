@@ -1,4 +1,6 @@
-// The tensor-core backward, step 3 of 3: every gradient of one chunk from the
+// The tensor-core backward, step 3 of 3, on 16 warps with mma.sync: the kernel
+// the warpgroup one (gdn_bwd_tc_grads_wg_sm90.cu) replaced, run where
+// FLASHQLA_BACKWARD_GRADS=warps. Every gradient of one chunk from the
 // states both chains stored, all chunks at once. One CTA of 16 warps (4 row
 // blocks x 4 column parts of every product) per (chunk, q/k head)
 // runs the head's value heads in turn, so dq and dk are summed over the GQA

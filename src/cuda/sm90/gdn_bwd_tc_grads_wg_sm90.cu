@@ -19,7 +19,8 @@
 // Each half starts at a CTA barrier; inside it WG1 and WG2 hand Vd and dR to
 // each other (arrive / sync) and WG0 waits for no one. The l2norm backward of
 // dq (WG0) and dk (WG1) runs on the accumulators, whose rows each warp holds
-// whole. Selected by FLASHQLA_BACKWARD_GRADS=warpgroups (cuda_backend.cpp).
+// whole. The default step 3 (cuda_backend.cpp; FLASHQLA_BACKWARD_GRADS=warps
+// selects the 16-warp mma.sync kernel of gdn_bwd_tc_grads_sm90.cu instead).
 #include "cuda/sm90/gdn_bwd_tc_sm90.h"
 
 #include "cuda/sm90/gdn_bwd_tc/common.cuh"
@@ -207,6 +208,46 @@ __device__ __forceinline__ void load_core_rows(const mma::CoreTile<bf16, kCols>&
   for (int i = tid_again() % kBy; i < kRows * kVecs; i += kBy) {
     const int r = (i / (8 * kVecs)) * 8 + i % 8, v = (i / 8) % kVecs;
     copy_async_16(dst.at(r, v * 8), r < L ? src + r * stride + v * 8 : src, r < L);
+  }
+}
+
+// The rows of two [64][128] core-matrix tiles (q and k) scaled in place to unit
+// l2 norm (times rsqrt(Σx² + 1e-6), as the forward normalises), by threads
+// kBy consecutive ones (tid mod kBy). A warp takes a block of eight rows: lane l holds row l % 8 of
+// core matrices 4 j + l / 8 (16 bytes each, the warp's 512 bytes contiguous, so
+// no bank conflicts), and a row's sum is over the four lanes l % 8 + 8 i.
+template <int kBy>
+__device__ __forceinline__ void normalize_core_rows(const Wide& a, const Wide& b) {
+  constexpr int kBlocks = kChunk / 8;
+  const int t = tid_again() % kBy, lane = t % 32;
+#pragma unroll 1
+  for (int blk = t / 32; blk < 2 * kBlocks; blk += kBy / 32) {
+    bf16* const row = (blk < kBlocks ? a.base : b.base) + (blk % kBlocks) * (kDim * 8) + (lane / 8) * 64 + (lane % 8) * 8;
+    uint4 v[kDim / 32];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < kDim / 32; ++j) {
+      v[j] = *reinterpret_cast<const uint4*>(row + j * 4 * 64);
+      const uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 xv = Mma::unpack(w[e]);
+        ss += xv.x * xv.x + xv.y * xv.y;
+      }
+    }
+    ss += __shfl_xor_sync(0xffffffffu, ss, 8);
+    ss += __shfl_xor_sync(0xffffffffu, ss, 16);
+    const float rs = rsqrtf(ss + 1e-6f);
+#pragma unroll
+    for (int j = 0; j < kDim / 32; ++j) {
+      uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 xv = Mma::unpack(w[e]);
+        w[e] = Mma::pack(rs * xv.x, rs * xv.y);
+      }
+      *reinterpret_cast<uint4*>(row + j * 4 * 64) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
   }
 }
 
@@ -467,7 +508,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
       }
 
       // Phase C: role 1 dk += b Vd dS'_hᵀ; role 2 dR = Mᵀ dVd → dv, dr, dks;
-      // U · dR and KS · dR by rows, then x_r += (b K̂dS')_r · Vd_r.
+      // dP += dO Vdᵀ issued, U · dR and KS · dR by rows, then x_r += (b K̂dS')_r · Vd_r.
       if constexpr (kRole == 1) { HALF_TILES
         wg_gemm<128, kK, kK, kHalf / 16>(acc_main, vdb,
                                          dS);  // waited in phase D
@@ -486,6 +527,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         store_acc_rows<64>(xa, a.dv, a.dv_dtype, cr.row * a.dv_sb + cr.t0 * a.dv_st + hv * a.dv_sh + cv0, a.dv_st,
                            dv_pairs, L, [&](int r) { return s.beta[r]; });
         VdReady::sync_unaligned();  // kst, vd
+        wg_gemm<64, kK, kK, kHalf / 16>(dpa, dO, vd);  // dP += dO Vdᵀ under the row sums; waited in phase D
         float row_u[2] = {0.f, 0.f}, row_k[2] = {0.f, 0.f};
         for_each_acc<64>(xa, [&](int, int hh, int r, int c, float& d0, float& d1) {
           const float2 kv = load_bf16_pair(kst.at(r, c)), v = load_bf16_pair(V.at(r, c));
@@ -502,7 +544,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         add_rows(s.xr, row_x, w, lane);
       }
 
-      // Phase D: role 1 dk += dks S_hᵀ, dA += dR Vdᵀ; role 2 dP += dO Vdᵀ.
+      // Phase D: role 1 dk += dks S_hᵀ, dA += dR Vdᵀ; role 2 waits for dP += dO Vdᵀ.
       if constexpr (kRole == 1) { HALF_TILES
         DrReady::sync_unaligned();  // dr, dks
         wg_gemm<128, kK, kK, kHalf / 16>(acc_main, dks, S);
@@ -510,8 +552,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         wgmma::wait<0>();
         wgmma::fence_operands(acc_main);
         wgmma::fence_operands(daa);
-      } else if constexpr (kRole == 2) { HALF_TILES
-        wg_gemm<64, kK, kK, kHalf / 16>(dpa, dO, vd);
+      } else if constexpr (kRole == 2) {
         wait_all_wgmma(dpa);
       }
     }
@@ -753,13 +794,22 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const 
                                x.L);
   load_core_rows<kThreads, kDim, kChunk>(k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + h * f.k_sh, f.k_st,
                                x.L);
-  issue_m<kThreads>(x, x.hv0);
-  issue_half<kThreads>(x, x.hv0, 0);
-  land_copies();
+  commit_async_copies();
+  // The first value head's M and stage by role 0 (whose land_copies before the
+  // loop's first barrier waits for them), landing while q and k are normalised
+  // and Q̂K̂ᵀ is formed.
+  if (wg == 0) {
+    issue_m<128>(x, x.hv0);
+    issue_half<128>(x, x.hv0, 0);
+    commit_async_copies();
+    wait_async_copies_but<1>();
+  } else {
+    wait_async_copies();
+  }
+  wgmma::fence_shared_for_async();
   __syncthreads();
   if (f.use_qk_l2norm) {
-    scale_rows<kThreads>(q, x.L, true, [](int) { return 1.f; });
-    scale_rows<kThreads>(k, x.L, true, [](int) { return 1.f; });
+    normalize_core_rows<kThreads>(q, k);
     wgmma::fence_shared_for_async();
     __syncthreads();
   }

@@ -47,9 +47,11 @@ cudaError_t launch_gdn_bwd_tc_prep(const BackwardArgs& args, cudaStream_t stream
 // cuda/backward_support.h chooses).
 cudaError_t launch_gdn_bwd_tc_chains(const BackwardArgs& args, int value_columns, cudaStream_t stream);
 
-cudaError_t launch_gdn_bwd_tc_grads(const BackwardArgs& args, cudaStream_t stream);
-// The same step on three warpgroups with wgmma (gdn_bwd_tc_grads_wg_sm90.cu), a
-// candidate selected by FLASHQLA_BACKWARD_GRADS=warpgroups.
+// Step 3 on three warpgroups with wgmma (gdn_bwd_tc_grads_wg_sm90.cu): the one
+// that runs.
 cudaError_t launch_gdn_bwd_tc_grads_warpgroups(const BackwardArgs& args, cudaStream_t stream);
+// Step 3 on 16 warps with mma.sync (gdn_bwd_tc_grads_sm90.cu): the kernel the
+// warpgroup one replaced, selected by FLASHQLA_BACKWARD_GRADS=warps.
+cudaError_t launch_gdn_bwd_tc_grads(const BackwardArgs& args, cudaStream_t stream);
 
 }  // namespace flashqla::cuda
