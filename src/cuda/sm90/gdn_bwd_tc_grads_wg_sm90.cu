@@ -50,7 +50,8 @@ struct GradsSmem {
   Stage stage[2];
   bf16 m[kSqElems], p[kSqElems];
   // Per-half tiles; in the tail: dqk over ru, dasym over kst, the fp32 dA ⊙ Γ
-  // over vd.. (three tiles).
+  // over vdb, dvd, dr (tiles only wgmma reads, so no thread's load of a half
+  // tile meets the tail's stores: vd, which role 2 loads, stays whole).
   bf16 ru[kSqElems], kst[kSqElems], vd[kSqElems], vdb[kSqElems], dvd[kSqElems], dr[kSqElems], dks[kSqElems];
   float qk[kChunk * kLdF];
   float gamma[kChunk], beta[kChunk], eg[kChunk], b[kChunk];
@@ -60,7 +61,7 @@ struct GradsSmem {
 };
 static_assert(sizeof(GradsSmem) <= 227 * 1024, "fits one SM's shared memory");
 extern __shared__ __align__(128) unsigned char grads_smem[];
-static_assert(3 * sizeof(bf16) * kSqElems >= sizeof(float) * kChunk * kLdF, "vd, vdb, dvd hold the fp32 tile");
+static_assert(3 * sizeof(bf16) * kSqElems >= sizeof(float) * kChunk * kLdF, "vdb, dvd, dr hold the fp32 tile");
 static_assert(sizeof(Stage::s) >= sizeof(bf16) * kWideElems, "a state half holds 64 raw q or k rows");
 
 using wgmma::kK;
@@ -399,7 +400,7 @@ __device__ __forceinline__ GradsSmem& smem_again() {
   const Wide q{s.q}, k{s.k};                                                                                          \
   const Sq m{s.m}, p{s.p}, ru{s.ru}, kst{s.kst}, vd{s.vd}, vdb{s.vdb}, dvd{s.dvd}, dr{s.dr}, dks{s.dks};              \
   const Sq dqk{s.ru}, dasym{s.kst};                                                                                   \
-  float* const scratch = reinterpret_cast<float*>(s.vd); /* [64][kLdF]: dA ⊙ Γ in the tail */                         \
+  float* const scratch = reinterpret_cast<float*>(s.vdb); /* [64][kLdF]: dA ⊙ Γ in the tail */                        \
   (void)q, (void)k, (void)m, (void)p, (void)ru, (void)kst, (void)vd, (void)vdb, (void)dvd, (void)dr, (void)dks,       \
       (void)dqk, (void)dasym, (void)scratch;
 #define HALF_TILES                                                                                                    \
