@@ -19,7 +19,9 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
 
   check [--quick] [--cpp-only | --python-only]
       Build the library and its tests (build-gpu/, CUDA backend), run the whole
-      C++ suite, `pip install .` into the machine's torch, run the Python suite
+      C++ suite, install the package into the machine's torch (the carried
+      .whl/flashqla wheel of scripts/build_wheel.sh when it was built from these
+      sources, else `pip install .`; so in every command below), run the Python suite
       (GPU tests must run, never skip), its FLA and transformers tests again with
       FLA 0.6 (.whl/fla-0.6), a quick benchmark (two published rows, per-chunk
       latency), and print a table. --quick: only the GPU-marked Python tests;
@@ -174,7 +176,7 @@ cmd_check() {
   fi
   start=${SECONDS}
   # No package index is reachable there; the build needs none (see pyproject.toml).
-  ${py} -m pip install --no-index . > "${out}/pip-install.log" 2>&1
+  fq_install_flashqla "${out}/pip-install.log"
   local pip_rc=$?
   local pip_s=$((SECONDS - start))
   [[ ${pip_rc} -eq 0 ]] || tail -n 40 "${out}/pip-install.log"
@@ -224,7 +226,7 @@ cmd_check() {
   printf "| tests failed                 | %6s |\n" "${failed:-?}"
   printf "| tests skipped (must be 0)    | %6s |\n" "${skipped}"
   printf "| CUDA backend tests passed    | %6s |\n" "${gpu_ran}"
-  printf "| pip install . (s, rc)        | %3s %2s |\n" "${pip_s}" "${pip_rc}"
+  printf "| install flashqla (s, rc)     | %3s %2s |\n" "${pip_s}" "${pip_rc}"
   printf "| pytest (s, rc)               | %3s %2s |\n" "${pytest_s}" "${pytest_rc}"
   printf "| python GPU tests skipped     | %6s |\n" "${py_gpu_skipped}"
   printf "| pytest, FLA 0.6 (s, rc)      | %3s %2s |\n" "${next_s}" "${next_rc}"
@@ -247,7 +249,7 @@ run_benchmark() {
   local out="${OUT:-benchmarks/results}"
   mkdir -p "${out}"
   fq_install_wheels "${out}/pip-wheels.log" || { tail -n 20 "${out}/pip-wheels.log"; exit 1; }
-  python3 -m pip install -q --no-index . > "${out}/pip-install.log" 2>&1 || { tail -n 40 "${out}/pip-install.log"; exit 1; }
+  fq_install_flashqla "${out}/pip-install.log" || { tail -n 40 "${out}/pip-install.log"; exit 1; }
   fq_use_triton_cache
   local limit=()
   [[ -n "${BENCH_TIME_LIMIT:-}" ]] && limit=(timeout "${BENCH_TIME_LIMIT}")
@@ -271,7 +273,7 @@ cmd_scale() {
   local out="${OUT:-benchmarks/results}"
   mkdir -p "${out}"
   fq_install_wheels "${out}/pip-wheels.log" || { tail -n 20 "${out}/pip-wheels.log"; exit 1; }
-  python3 -m pip install -q --no-index . > "${out}/pip-install.log" 2>&1 || { tail -n 40 "${out}/pip-install.log"; exit 1; }
+  fq_install_flashqla "${out}/pip-install.log" || { tail -n 40 "${out}/pip-install.log"; exit 1; }
   PYTHONUNBUFFERED=1 python3 benchmarks/scale_check.py --out-dir "${out}" "$@" 2>&1 | tee "${out}/scale.log"
   exit "${PIPESTATUS[0]}"
 }
@@ -279,7 +281,7 @@ cmd_scale() {
 cmd_bench_cp() {
   local out="${OUT:-benchmarks/results}"
   mkdir -p "${out}"
-  python3 -m pip install -q --no-index . > "${out}/pip-install.log" 2>&1 || { tail -n 40 "${out}/pip-install.log"; exit 1; }
+  fq_install_flashqla "${out}/pip-install.log" || { tail -n 40 "${out}/pip-install.log"; exit 1; }
   PYTHONUNBUFFERED=1 python3 benchmarks/bench_cp.py --out-dir "${out}" "$@" 2>&1 | tee "${out}/bench_cp.log"
   exit "${PIPESTATUS[0]}"
 }

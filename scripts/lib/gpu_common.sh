@@ -76,6 +76,30 @@ fq_install_wheels() {
   fi
 }
 
+# A hash of the sources the Python package is built from, the same on this
+# machine and on the one that built a wheel (scripts/build_wheel.sh records it).
+fq_source_hash() {
+  (cd "${FLASHQLA_REPO_ROOT}" &&
+    find src include binding python cmake CMakeLists.txt pyproject.toml \( -name __pycache__ -o -name '*.egg-info' \) \
+      -prune -o -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum) | sha256sum | cut -c1-16
+}
+
+# fq_install_flashqla <log>: the package into the machine's python3: the wheel
+# scripts/build_wheel.sh left in .whl/flashqla/ when it was built from these
+# very sources (seconds), else `pip install .` (the core's sm_90a kernels and the
+# binding built here: minutes). The log says which.
+fq_install_flashqla() {
+  local wheel
+  wheel=$(compgen -G ".whl/flashqla/*.whl" | head -n 1)
+  if [[ -n "${wheel}" && "$(cat .whl/flashqla/SOURCE 2>/dev/null)" == "$(fq_source_hash)" ]]; then
+    echo "flashqla: the prebuilt ${wheel}" > "$1"
+    python3 -m pip install -q --no-index --no-deps --force-reinstall "${wheel}" >> "$1" 2>&1
+  else
+    echo "flashqla: built here (pip install .)${wheel:+; ${wheel} was built from other sources}" > "$1"
+    python3 -m pip install -q --no-index . >> "$1" 2>&1
+  fi
+}
+
 # FLA's Triton compile cache. It comes back from a benchmark run as
 # triton-cache.tar.xz.part-* (fq_save_triton_cache); joined here into
 # .triton-cache.tar.xz (`cat parts > .triton-cache.tar.xz`), it is small enough

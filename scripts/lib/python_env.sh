@@ -12,9 +12,8 @@ FLASHQLA_TORCH_SPEC="${FLASHQLA_TORCH_SPEC:-torch==2.11.0}"
 FLASHQLA_PYTHON="${FLASHQLA_VENV}/bin/python"
 FLASHQLA_FLA_NEXT_DIR="${FLASHQLA_FLA_NEXT_DIR:-${FLASHQLA_VENV}/fla-0.6}"
 
-# Creates the venv if needed, installs torch (only when missing) and the test
-# requirements, then builds and installs flashqla itself with `pip install .`.
-fq_setup_python() {
+# Creates the venv if needed and installs torch (only when missing).
+fq_python_with_torch() {
   if [[ ! -x "${FLASHQLA_PYTHON}" ]]; then
     if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
       fq_log "installing python3-venv"
@@ -28,6 +27,13 @@ fq_setup_python() {
     fq_log "installing ${FLASHQLA_TORCH_SPEC}"
     "${pip[@]}" install -q "${FLASHQLA_TORCH_SPEC}"
   fi
+}
+
+# fq_python_with_torch, then the test requirements, then builds and installs
+# flashqla itself with `pip install .`.
+fq_setup_python() {
+  fq_python_with_torch
+  local pip=("${FLASHQLA_PYTHON}" -m pip --disable-pip-version-check)
   "${pip[@]}" install -q -r "${FLASHQLA_REPO_ROOT}/tests/python/requirements.txt"
   local next_req="${FLASHQLA_REPO_ROOT}/tests/python/requirements-fla-0.6.txt"
   if ! cmp -s "${next_req}" "${FLASHQLA_FLA_NEXT_DIR}/requirements.txt"; then
