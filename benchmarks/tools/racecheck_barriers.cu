@@ -1,9 +1,14 @@
 // Does compute-sanitizer's racecheck take a barrier reached at two different
 // instructions as ordering? Warp 0 stores shared words, then a barrier; warp 1
-// a barrier, then loads them. Four forms of the barrier, one per kernel (the
-// argument picks it): __syncthreads; barrier.sync 0 and barrier.sync 1, 64 each
+// a barrier, then loads them (each value checked). Four forms of the barrier,
+// one per kernel (the argument picks it): __syncthreads; barrier.sync 0 and barrier.sync 1, 64 each
 // reached at two instructions (the warpgroup kernels' CTA barriers and
 // hand-overs); bar.arrive by the storing warp, barrier.sync by the loading one.
+// Then the writes the kernels' open reports involve (docs/reliability.md), each
+// with barrier.sync 0 reached at two instructions: cp.async copies of 16 bytes,
+// with their source read or ignored (rows past a partial chunk, zero-filled),
+// read after the barrier, or read before it and written after it; and zeros
+// stored before bar.arrive, read by ldmatrix after barrier.sync.
 //   compute-sanitizer --tool racecheck racecheck_barriers cta_diff_pc
 #include <cstdio>
 #include <cstring>
@@ -53,6 +58,63 @@ __global__ void k_arrive_sync(int* out) {  // bar.arrive (writer) / barrier.sync
     out[l] = buf[l];
   }
 }
+__device__ __forceinline__ void copy16(void* dst, const void* src, bool read_src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(read_src ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void copies_landed() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Warp 0 copies 16 bytes a lane (from src, or zeros), waits, barrier; warp 1
+// barrier, loads.
+template <bool kReadSrc>
+__global__ void k_cp_async(int* out, const int4* src) {
+  __shared__ int4 buf[32];
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  if (w == 0) {
+    copy16(&buf[l], &src[l], kReadSrc);
+    copies_landed();
+    asm volatile("barrier.sync 0;" ::: "memory");
+    out[64 + l] = 7;
+  } else {
+    out[96 + l] = 9;
+    asm volatile("barrier.sync 0;" ::: "memory");
+    out[l] = buf[l].x + (kReadSrc ? 0 : l + 1);
+  }
+}
+// Warp 1 loads, barrier; warp 0 barrier, then zero-fills the same words by cp.async.
+__global__ void k_cp_async_after_read(int* out, const int4* src) {
+  __shared__ int4 buf[32];
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  if (w == 0) buf[l] = make_int4(l + 1, 0, 0, 0);
+  __syncthreads();
+  if (w == 1) {
+    out[l] = buf[l].x;
+    asm volatile("barrier.sync 0;" ::: "memory");
+    out[96 + l] = 9;
+  } else {
+    out[64 + l] = 7;
+    asm volatile("barrier.sync 0;" ::: "memory");
+    copy16(&buf[l], &src[l], false);
+    copies_landed();
+  }
+}
+// Warp 0 stores zeros, bar.arrive; warp 1 barrier.sync, ldmatrix of those rows.
+__global__ void k_ldmatrix_after_arrive(int* out) {
+  __shared__ __align__(16) unsigned short tile[4 * 64];
+  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  if (w == 0) {
+    reinterpret_cast<uint4*>(tile)[l] = make_uint4(0, 0, 0, 0);
+    asm volatile("bar.arrive 1, 64;" ::: "memory");
+    out[64 + l] = 7;
+  } else {
+    out[96 + l] = 9;
+    asm volatile("barrier.sync 1, 64;" ::: "memory");
+    unsigned r0, r1, r2, r3;
+    const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(tile + 8 * l));
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+    out[l] = static_cast<int>(r0 | r1 | r2 | r3) + l + 1;
+  }
+}
 int main(int argc, char** argv) {
   int* out = nullptr;
   cudaMalloc(&out, 128 * sizeof(int));
@@ -61,6 +123,15 @@ int main(int argc, char** argv) {
   if (!strcmp(which, "cta_diff_pc")) k_cta_diff_pc<<<1, 64>>>(out);
   if (!strcmp(which, "named_diff_pc")) k_named_diff_pc<<<1, 64>>>(out);
   if (!strcmp(which, "arrive_sync")) k_arrive_sync<<<1, 64>>>(out);
+  int4* src = nullptr;
+  cudaMalloc(&src, 32 * sizeof(int4));
+  int4 h_src[32];
+  for (int i = 0; i < 32; ++i) h_src[i] = make_int4(i + 1, 0, 0, 0);
+  cudaMemcpy(src, h_src, sizeof(h_src), cudaMemcpyHostToDevice);
+  if (!strcmp(which, "cp_async_copy")) k_cp_async<true><<<1, 64>>>(out, src);
+  if (!strcmp(which, "cp_async_zero_fill")) k_cp_async<false><<<1, 64>>>(out, src);
+  if (!strcmp(which, "cp_async_after_read")) k_cp_async_after_read<<<1, 64>>>(out, src);
+  if (!strcmp(which, "ldmatrix_after_arrive")) k_ldmatrix_after_arrive<<<1, 64>>>(out);
   int h[32];
   cudaMemcpy(h, out, sizeof(h), cudaMemcpyDeviceToHost);
   int bad = 0;
