@@ -88,6 +88,17 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       backward GPU tests under it, and its latency beside the default's,
       interleaved over BWD_ROUNDS rounds (1).
       Default $OUT: /tmp/flashqla-gpu-bwd-iterate.
+  bwd-compare NAME=LIBDIR[,VAR=VALUE...] ...
+      The backward's candidates side by side without building anything there:
+      benchmarks/tools/backward_latency and tests/flashqla_tests prebuilt here
+      (BWD_BUILD, default build-local: carry both and each LIBDIR), each NAME a
+      folder holding a libflashqla.so.0 and optional environment settings (e.g.
+      paired=build-local/p,FLASHQLA_BACKWARD_CHAINS=paired). Per candidate: a
+      short first case (a hang stops the run) and the backward GPU tests
+      (BWD_TESTS=0: none); then the backward's latency on BWD_SHAPES
+      (0,1,2,4,5,7,8), the candidates interleaved over BWD_ROUNDS rounds (2),
+      and a table of the times, a column a candidate.
+      Default $OUT: /tmp/flashqla-bwd-compare.
   compare [--quick] [--wgmma-issue] [VERSION...]
       Time kernel versions side by side in one call: each version's fused kernel
       in this checkout's timing tool (per-chunk latency of five shapes, relative
@@ -379,6 +390,60 @@ cmd_iterate() {
   [[ ${ctest_rc} -eq 0 ]]
 }
 
+# --- bwd-compare -------------------------------------------------------------
+cmd_bwd_compare() {
+  [[ $# -ge 1 ]] || { echo "usage: scripts/gpu.sh bwd-compare NAME=LIBDIR[,VAR=VALUE...] ..."; exit 2; }
+  local out="${OUT:-/tmp/flashqla-bwd-compare}" build="${BWD_BUILD:-build-local}"
+  local bin="${build}/benchmarks/tools/backward_latency" tests="${build}/tests/flashqla_tests"
+  [[ -x "${bin}" ]] || { echo "no ${bin}: build it here (target backward_latency) and carry it"; exit 2; }
+  mkdir -p "${out}"
+  local names=() spec name rest rc round
+  declare -A envs
+  for spec in "$@"; do
+    name=${spec%%=*}
+    rest=${spec#*=}
+    [[ -f "${rest%%,*}/libflashqla.so.0" ]] || { echo "${name}: no ${rest%%,*}/libflashqla.so.0"; exit 2; }
+    names+=("${name}")
+    envs[${name}]="LD_LIBRARY_PATH=$(cd "${rest%%,*}" && pwd)"
+    [[ "${rest}" == *,* ]] && envs[${name}]+=" ${rest#*,}"
+    envs[${name}]=${envs[${name}]//,/ }
+  done
+  for name in "${names[@]}"; do
+    if [[ "${BWD_TESTS:-1}" != 0 && -x "${tests}" ]]; then
+      env ${envs[${name}]} timeout 30 "${tests}" --gtest_filter='Cuda/GpuBackward.MatchesCpuOracle/len65' \
+        > "${out}/probe-${name}.log" 2>&1
+      rc=$?
+      [[ ${rc} -eq 124 ]] && { echo "${name} hangs"; exit 1; }
+      env ${envs[${name}]} timeout 300 "${tests}" --gtest_filter='Cuda/GpuBackward.*:BackwardSupport.*' \
+        > "${out}/tests-${name}.log" 2>&1
+      echo "${name}: backward GPU tests rc $? $(grep -E '^\[  (PASSED|FAILED)' "${out}/tests-${name}.log" | tr '\n' ' ')"
+    fi
+  done
+  for round in $(seq 1 "${BWD_ROUNDS:-2}"); do
+    for name in "${names[@]}"; do
+      env ${envs[${name}]} REPS=5 timeout 120 "${bin}" "${BWD_SHAPES:-0,1,2,4,5,7,8}" > "${out}/latency-${name}-${round}.log" 2>&1
+    done
+  done
+  echo
+  for round in $(seq 1 "${BWD_ROUNDS:-2}"); do
+    echo "round ${round}: backward ms, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
+    printf "%-22s" "shape"
+    for name in "${names[@]}"; do printf " %10s" "${name}"; done
+    echo
+    local shapes
+    mapfile -t shapes < <(awk '{print $1 "_" $2}' "${out}/latency-${names[0]}-${round}.log")
+    local i
+    for i in "${!shapes[@]}"; do
+      printf "%-22s" "${shapes[$i]}"
+      for name in "${names[@]}"; do
+        printf " %10s" "$(awk -v row=$((i + 1)) 'NR == row { for (f = 1; f < NF; ++f) if ($f == "bwd") print $(f + 1) }' \
+          "${out}/latency-${name}-${round}.log")"
+      done
+      echo
+    done
+  done
+}
+
 # --- bwd-iterate -------------------------------------------------------------
 cmd_bwd_iterate() {
   local out="${OUT:-/tmp/flashqla-gpu-bwd-iterate}"
@@ -609,6 +674,7 @@ case "${command}" in
   full) cmd_full "$@" ;;
   iterate) cmd_iterate "$@" ;;
   bwd-iterate) cmd_bwd_iterate "$@" ;;
+  bwd-compare) cmd_bwd_compare "$@" ;;
   compare) cmd_compare "$@" ;;
   ncu) cmd_ncu "$@" ;;
   sanitize) cmd_sanitize "$@" ;;
