@@ -1,9 +1,10 @@
 // Does compute-sanitizer's racecheck take a barrier reached at two different
 // instructions as ordering? Warp 0 stores shared words, then a barrier; warp 1
 // a barrier, then loads them (each value checked). Four forms of the barrier,
-// one per kernel (the argument picks it): __syncthreads; barrier.sync 0 and barrier.sync 1, 64 each
-// reached at two instructions (the warpgroup kernels' CTA barriers and
-// hand-overs); bar.arrive by the storing warp, barrier.sync by the loading one.
+// one per kernel (the argument picks it): __syncthreads; barrier.sync 0 and
+// barrier.sync 1, 64 each reached at two instructions (the warpgroup kernels'
+// CTA barriers and hand-overs); bar.arrive by the storing warp, barrier.sync by
+// the loading one.
 // Then the writes the kernels' open reports involve (docs/reliability.md), each
 // with barrier.sync 0 reached at two instructions: cp.async copies of 16 bytes,
 // with their source read or ignored (rows past a partial chunk, zero-filled),
@@ -19,42 +20,31 @@ __global__ void k_same_pc(int* out) {  // __syncthreads, one instruction
   __syncthreads();
   if (w == 1) out[l] = buf[l];
 }
-__global__ void k_cta_diff_pc(int* out) {  // barrier.sync 0 at two instructions
-  __shared__ int buf[32];
-  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-  if (w == 0) {
-    buf[l] = l + 1;
-    asm volatile("barrier.sync 0;" ::: "memory");
-    out[64 + l] = 7;
-  } else {
-    out[96 + l] = 9;
-    asm volatile("barrier.sync 0;" ::: "memory");
-    out[l] = buf[l];
-  }
+// The barrier forms, as the storing warp (before) and the loading warp (after)
+// reach them, each at its own instruction.
+enum class Form { kCta, kNamed, kArrive };
+template <Form kForm>
+__device__ __forceinline__ void storer_barrier() {
+  if constexpr (kForm == Form::kCta) asm volatile("barrier.sync 0;" ::: "memory");
+  if constexpr (kForm == Form::kNamed) asm volatile("barrier.sync 1, 64;" ::: "memory");
+  if constexpr (kForm == Form::kArrive) asm volatile("bar.arrive 1, 64;" ::: "memory");
 }
-__global__ void k_named_diff_pc(int* out) {  // barrier.sync 1, 64 at two instructions
-  __shared__ int buf[32];
-  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
-  if (w == 0) {
-    buf[l] = l + 1;
-    asm volatile("barrier.sync 1, 64;" ::: "memory");
-    out[64 + l] = 7;
-  } else {
-    out[96 + l] = 9;
-    asm volatile("barrier.sync 1, 64;" ::: "memory");
-    out[l] = buf[l];
-  }
+template <Form kForm>
+__device__ __forceinline__ void loader_barrier() {
+  if constexpr (kForm == Form::kCta) asm volatile("barrier.sync 0;" ::: "memory");
+  if constexpr (kForm != Form::kCta) asm volatile("barrier.sync 1, 64;" ::: "memory");
 }
-__global__ void k_arrive_sync(int* out) {  // bar.arrive (writer) / barrier.sync (reader)
+template <Form kForm>
+__global__ void k_two_pcs(int* out) {
   __shared__ int buf[32];
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
   if (w == 0) {
     buf[l] = l + 1;
-    asm volatile("bar.arrive 1, 64;" ::: "memory");
+    storer_barrier<kForm>();
     out[64 + l] = 7;
   } else {
     out[96 + l] = 9;
-    asm volatile("barrier.sync 1, 64;" ::: "memory");
+    loader_barrier<kForm>();
     out[l] = buf[l];
   }
 }
@@ -72,11 +62,11 @@ __global__ void k_cp_async(int* out, const int4* src) {
   if (w == 0) {
     copy16(&buf[l], &src[l], kReadSrc);
     copies_landed();
-    asm volatile("barrier.sync 0;" ::: "memory");
+    storer_barrier<Form::kCta>();
     out[64 + l] = 7;
   } else {
     out[96 + l] = 9;
-    asm volatile("barrier.sync 0;" ::: "memory");
+    loader_barrier<Form::kCta>();
     out[l] = buf[l].x + (kReadSrc ? 0 : l + 1);
   }
 }
@@ -88,11 +78,11 @@ __global__ void k_cp_async_after_read(int* out, const int4* src) {
   __syncthreads();
   if (w == 1) {
     out[l] = buf[l].x;
-    asm volatile("barrier.sync 0;" ::: "memory");
+    loader_barrier<Form::kCta>();
     out[96 + l] = 9;
   } else {
     out[64 + l] = 7;
-    asm volatile("barrier.sync 0;" ::: "memory");
+    storer_barrier<Form::kCta>();
     copy16(&buf[l], &src[l], false);
     copies_landed();
   }
@@ -103,11 +93,11 @@ __global__ void k_ldmatrix_after_arrive(int* out) {
   const int w = threadIdx.x / 32, l = threadIdx.x % 32;
   if (w == 0) {
     reinterpret_cast<uint4*>(tile)[l] = make_uint4(0, 0, 0, 0);
-    asm volatile("bar.arrive 1, 64;" ::: "memory");
+    storer_barrier<Form::kArrive>();
     out[64 + l] = 7;
   } else {
     out[96 + l] = 9;
-    asm volatile("barrier.sync 1, 64;" ::: "memory");
+    loader_barrier<Form::kArrive>();
     unsigned r0, r1, r2, r3;
     const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(tile + 8 * l));
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -120,9 +110,9 @@ int main(int argc, char** argv) {
   cudaMalloc(&out, 128 * sizeof(int));
   const char* which = argc > 1 ? argv[1] : "same_pc";
   if (!strcmp(which, "same_pc")) k_same_pc<<<1, 64>>>(out);
-  if (!strcmp(which, "cta_diff_pc")) k_cta_diff_pc<<<1, 64>>>(out);
-  if (!strcmp(which, "named_diff_pc")) k_named_diff_pc<<<1, 64>>>(out);
-  if (!strcmp(which, "arrive_sync")) k_arrive_sync<<<1, 64>>>(out);
+  if (!strcmp(which, "cta_diff_pc")) k_two_pcs<Form::kCta><<<1, 64>>>(out);
+  if (!strcmp(which, "named_diff_pc")) k_two_pcs<Form::kNamed><<<1, 64>>>(out);
+  if (!strcmp(which, "arrive_sync")) k_two_pcs<Form::kArrive><<<1, 64>>>(out);
   int4* src = nullptr;
   cudaMalloc(&src, 32 * sizeof(int4));
   int4 h_src[32];
