@@ -58,11 +58,11 @@ struct GradsSmem {
   float row_q[kChunk], udr[kChunk], ksdr[kChunk], xr[kChunk], pdp_row[kChunk], dar_row[kChunk];
   float pdp_col[4][kChunk], dar_col[4][kChunk];
   float red[4], carry;
+  float rs_q[kChunk], rs_k[kChunk];  // the rows' l2norm factors rsqrt(Σx² + 1e-6) (use_qk_l2norm)
 };
 static_assert(sizeof(GradsSmem) <= 227 * 1024, "fits one SM's shared memory");
 extern __shared__ __align__(128) unsigned char grads_smem[];
 static_assert(3 * sizeof(bf16) * kSqElems >= sizeof(float) * kChunk * kLdF, "vdb, dvd, dr hold the fp32 tile");
-static_assert(sizeof(Stage::s) >= sizeof(bf16) * kWideElems, "a state half holds 64 raw q or k rows");
 
 using wgmma::kK;
 using wgmma::kMN;
@@ -213,12 +213,14 @@ __device__ __forceinline__ void load_core_rows(const mma::CoreTile<bf16, kCols>&
 }
 
 // The rows of two [64][128] core-matrix tiles (q and k) scaled in place to unit
-// l2 norm (times rsqrt(Σx² + 1e-6), as the forward normalises), by threads
+// l2 norm (times rsqrt(Σx² + 1e-6), as the forward normalises; the factors
+// into rs_a and rs_b for the l2norm backward), by threads
 // kBy consecutive ones (tid mod kBy). A warp takes a block of eight rows: lane l holds row l % 8 of
 // core matrices 4 j + l / 8 (16 bytes each, the warp's 512 bytes contiguous, so
 // no bank conflicts), and a row's sum is over the four lanes l % 8 + 8 i.
 template <int kBy>
-__device__ __forceinline__ void normalize_core_rows(const Wide& a, const Wide& b) {
+__device__ __forceinline__ void normalize_core_rows(const Wide& a, const Wide& b, float (&rs_a)[kChunk],
+                                                    float (&rs_b)[kChunk]) {
   constexpr int kBlocks = kChunk / 8;
   const int t = tid_again() % kBy, lane = t % 32;
 #pragma unroll 1
@@ -239,6 +241,7 @@ __device__ __forceinline__ void normalize_core_rows(const Wide& a, const Wide& b
     ss += __shfl_xor_sync(0xffffffffu, ss, 8);
     ss += __shfl_xor_sync(0xffffffffu, ss, 16);
     const float rs = rsqrtf(ss + 1e-6f);
+    if (lane < 8) (blk < kBlocks ? rs_a : rs_b)[(blk % kBlocks) * 8 + lane] = rs;
 #pragma unroll
     for (int j = 0; j < kDim / 32; ++j) {
       uint32_t w[4] = {v[j].x, v[j].y, v[j].z, v[j].w};
@@ -721,29 +724,28 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
 #undef HALF_TILES
 #undef PHASE_TILES
 
-// The l2norm backward of dq (role 0) or dk (role 1) on the accumulator (dx =
-// r (dy − y (y · dy)), y = x r, from the raw rows), then its rows < L out.
-__device__ __forceinline__ void finish_rows(const Ctx& x, float (&d)[64], const Wide& raw, void* out, int64_t ob,
-                                            int64_t ost, int64_t osh, flashqla_dtype_t odt) {
+// The l2norm backward of dq (role 0) or dk (role 1) on the accumulator, from
+// the normalised rows y (the tile the products read) and the rows' factors r:
+// dx = r (dy − y (y · dy)), as FLA's l2norm backward takes it; then its rows
+// < L out.
+__device__ __forceinline__ void finish_rows(const Ctx& x, float (&d)[64], const Wide& y, const float (&rs_rows)[kChunk],
+                                            void* out, int64_t ob, int64_t ost, int64_t osh, flashqla_dtype_t odt) {
   const ForwardArgs& f = x.a.f;
   const bool pairs = bf16_pairs(out, odt, ob, ost, osh);
   if (f.use_qk_l2norm) {
-    float sq[2] = {0.f, 0.f}, dot[2] = {0.f, 0.f};
+    float dot[2] = {0.f, 0.f};
     for_each_acc<128>(d, [&](int, int hh, int r, int c, float& x0, float& x1) {
-      const float2 xv = load_bf16_pair(raw.at(r, c));
-      sq[hh] += xv.x * xv.x + xv.y * xv.y;
-      dot[hh] += xv.x * x0 + xv.y * x1;
+      const float2 yv = load_bf16_pair(y.at(r, c));
+      dot[hh] += yv.x * x0 + yv.y * x1;
     });
-    float rs[2], ydy[2];
+    const RowVals rs = rows_of(rs_rows);
+    float ydy[2];
 #pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      rs[hh] = rsqrtf(quad_sum(sq[hh]) + 1e-6f);
-      ydy[hh] = rs[hh] * quad_sum(dot[hh]);
-    }
+    for (int hh = 0; hh < 2; ++hh) ydy[hh] = quad_sum(dot[hh]);
     for_each_acc<128>(d, [&](int, int hh, int r, int c, float& x0, float& x1) {
-      const float2 xv = load_bf16_pair(raw.at(r, c));
-      x0 = rs[hh] * (x0 - xv.x * rs[hh] * ydy[hh]);
-      x1 = rs[hh] * (x1 - xv.y * rs[hh] * ydy[hh]);
+      const float2 yv = load_bf16_pair(y.at(r, c));
+      x0 = rs.v[hh] * (x0 - yv.x * ydy[hh]);
+      x1 = rs.v[hh] * (x1 - yv.y * ydy[hh]);
     });
   }
   store_acc_rows<128>(d, out, odt, x.cr.row * ob + x.cr.t0 * ost + x.h * osh, ost, pairs, x.L, [](int) { return 1.f; });
@@ -763,21 +765,9 @@ __device__ __forceinline__ void role_main(const Ctx& x) {
   float acc[64];  // dq (role 0), dk (role 1)
   zero_acc(acc);
   run_role<kRole>(x, acc);
-  // The raw q and k rows for the l2norm backward, into the (now free) stages.
   const BackwardArgs& a = x.a;
-  const ForwardArgs& f = a.f;
-  const ChunkRef& cr = x.cr;
-  const Wide raw_q{x.s.stage[0].s}, raw_k{x.s.stage[1].s};
-  if (f.use_qk_l2norm) {
-    load_core_rows<kThreads, kDim, kChunk>(raw_q, static_cast<const bf16*>(f.q) + cr.row * f.q_sb + cr.t0 * f.q_st + x.h * f.q_sh,
-                                 f.q_st, x.L);
-    load_core_rows<kThreads, kDim, kChunk>(raw_k, static_cast<const bf16*>(f.k) + cr.row * f.k_sb + cr.t0 * f.k_st + x.h * f.k_sh,
-                                 f.k_st, x.L);
-    wait_async_copies();
-    sync_all();
-  }
-  if constexpr (kRole == 0) finish_rows(x, acc, raw_q, a.dq, a.dq_sb, a.dq_st, a.dq_sh, a.dq_dtype);
-  if constexpr (kRole == 1) finish_rows(x, acc, raw_k, a.dk, a.dk_sb, a.dk_st, a.dk_sh, a.dk_dtype);
+  if constexpr (kRole == 0) finish_rows(x, acc, Wide{x.s.q}, x.s.rs_q, a.dq, a.dq_sb, a.dq_st, a.dq_sh, a.dq_dtype);
+  if constexpr (kRole == 1) finish_rows(x, acc, Wide{x.s.k}, x.s.rs_k, a.dk, a.dk_sb, a.dk_st, a.dk_sh, a.dk_dtype);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const BackwardArgs a) {
@@ -810,7 +800,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const 
   wgmma::fence_shared_for_async();
   __syncthreads();
   if (f.use_qk_l2norm) {
-    normalize_core_rows<kThreads>(q, k);
+    normalize_core_rows<kThreads>(q, k, s.rs_q, s.rs_k);
     wgmma::fence_shared_for_async();
     __syncthreads();
   }
