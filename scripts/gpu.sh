@@ -93,7 +93,7 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       benchmarks/tools/backward_latency and tests/flashqla_tests prebuilt here
       (BWD_BUILD, default build-local: carry both and each LIBDIR), each NAME a
       folder holding a libflashqla.so.0 and optional environment settings (e.g.
-      paired=build-local/p,FLASHQLA_BACKWARD_CHAINS=paired). Per candidate: a
+      warps=build-local/cmp/main,FLASHQLA_BACKWARD_GRADS=warps). Per candidate: a
       short first case (a hang stops the run) and the backward GPU tests
       (BWD_TESTS=0: none); then the backward's latency on BWD_SHAPES
       (0,1,2,4,5,7,8), the candidates interleaved over BWD_ROUNDS rounds (2),
