@@ -15,9 +15,16 @@
 //   producer  copies each chunk's rows by cp.async two chunks ahead; for the
 //             gradient chain it forms D, the state-free term, and leaves it in
 //             the stage (over q's rows, in the chain warps' fragment order);
-//   chain     per chunk: the state slice to bf16 (shared memory and the
-//             workspace), the 64 x kVt product K dS' or W S, Vd or −dVd, then
-//             the state update: the chain's whole serial path.
+//             at 32 columns, after each hand-over, it copies the chunk's state
+//             slice from shared memory to the workspace;
+//   chain     per chunk: the state slice to bf16 (shared memory, one of two
+//             buffers; at 16 columns also to the workspace, while its first
+//             product runs), the 64 x kVt product K dS' or W S, Vd or −dVd,
+//             then the state update: the chain's whole serial path.
+// Where the state slice's workspace store goes: whoever stores it waits for it
+// at their next proxy fence (fence.proxy.async is a CTA memory barrier too).
+// The chain warps' own path at 32 columns, the producer's at 16, where its
+// per-chunk work has the least slack: measured both ways.
 // k and q are used as loaded: their l2norm factors (BackwardArgs::rows, from
 // step 1 with the gates) scale the 64-row side instead, K̂ dS' = diag(r_k)(K dS')
 // and K̂ᵀ diag(b) Vd = Kᵀ diag(r_k b) Vd; D takes q exact and
@@ -37,6 +44,10 @@ using namespace bwd;
 constexpr int kThreads = 256;
 constexpr int kChainThreads = 128;  // warps 0-3; the producer is warps 4-7
 constexpr int kStages = 3;  // chunk ci in stage ci % 3; its rows are copied from chunk ci − 2 on
+
+// Whether the producer stores the state slices to the workspace (else the chain warps).
+template <int kVt>
+constexpr bool kProducerStoresStates = kVt == 32;
 
 // kVt value columns a CTA: 32, or 16 where 32 would leave most SMs idle (few
 // (sequence, value head) chains: twice the CTAs, each chunk's step shorter).
@@ -79,7 +90,9 @@ struct ChainSmem {
   static_assert(sizeof(ChainStage<kVt>) % 1024 == 0, "each stage's swizzled tiles 1024-byte aligned");
   ChainStage<kVt> stage[kStages];
   bf16 dlo[kChunk * kLdVt];  // the producer's lo part of diag(scale e^γ r_q) dO
-  bf16 st[kDim * kVt];       // NarrowTile: the state slice in bf16, the B operand of W S / K dS'
+  // NarrowTile: the state slice in bf16, the B operand of W S / K dS' (chunk
+  // ci: st[ci % 2] where the producer stores it to the workspace, else st[0]).
+  bf16 st[kProducerStoresStates<kVt> ? 2 : 1][kDim * kVt];
   bf16 vd[kChunk * kVt];     // NarrowTile: diag(r_k b) Vd (state chain) or −dVd (gradient chain)
 };
 template <int kVt>
@@ -118,6 +131,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);  // uniform in ptxas's view
   auto chunk_at = [&](int64_t ci) { return grad ? n_chunks - 1 - ci : ci; };
 
+  uint16_t* const pstates = grad ? a.dstates : a.states;  // the producer's (kProducerStoresStates)
   if (warp >= 4) {  // ---- producer ----
     const int pt = tid - kChainThreads, pw = warp - 4;
     const RowCopy<kThreads - kChainThreads, kDim> wide(pt);
@@ -188,6 +202,18 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
       // Chunk ci + 2 into the stage chunk ci − 1 used: the chain is done with it.
       if (ci + kStages - 1 < n_chunks) issue_loads(ci + kStages - 1, s.stage[stage == 0 ? kStages - 1 : stage - 1]);
       commit_async_copies();
+      // Chunk ci's state slice (in st[ci % 2] since the hand-over) to the
+      // workspace, 16 bytes a thread and step; the chain writes that buffer
+      // again only after the next hand-over, which this warp reaches after.
+      if constexpr (kProducerStoresStates<kVt>) {
+        const Narrow st{s.st[ci & 1]};
+        uint16_t* const gs = pstates + (chunk_slot(n, chunk_at(ci), seq.bos, f.T, varlen) * f.HV + hv) * kDim * kDim + v0;
+#pragma unroll
+        for (int i = pt; i < kDim * kVt / 8; i += kThreads - kChainThreads) {
+          const int r = i / (kVt / 8), v = 8 * (i % (kVt / 8));
+          *reinterpret_cast<uint4*>(gs + r * kDim + v) = *reinterpret_cast<const uint4*>(st.at(r, v));
+        }
+      }
       stage = next_stage(stage);
     }
     return;
@@ -196,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   // ---- chain: one warpgroup, the state slice in wgmma accumulators ----
   // S[b][4 j + e]: key row 64 b + 16 w + g + 8 (e / 2), value column 8 j + 2 t + e % 2
   // (w the warp, g = lane / 4, t = lane % 4).
-  const Narrow st{s.st}, vd{s.vd};
+  const Narrow vd{s.vd};
   float S[2][4 * kNT];
   auto for_each_state = [&](auto f) {
     const int g8 = lane / 4, t4 = lane % 4;
@@ -224,6 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   for (int64_t ci = 0; ci < n_chunks; ++ci) {
     Stage& g = s.stage[stage];
     const int64_t c = chunk_at(ci);
+    const Narrow st{s.st[kProducerStoresStates<kVt> ? ci & 1 : 0]};
     for_each_state([&](int r, int col, float& x0, float& x1) { store_pair(st, r, col, x0, x1); });
     wgmma::fence_shared_for_async();
     HandOver::sync_unaligned();  // chunk ci's stage, and the state slice from every chain warp
@@ -242,10 +269,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
       }
       wgmma::commit();
       // While it runs, what does not need it: the state slice to the workspace
-      // (16 bytes a thread and step), and this thread's e^{γ_L}, D, U0 / Z pairs
-      // and row factors from the stage into registers. (S itself waits: ptxas
-      // holds registers a wgmma once wrote until no wgmma is in flight.)
-      {
+      // where the producer does not store it (16 bytes a thread and step), and
+      // this thread's e^{γ_L}, D, U0 / Z pairs and row factors from the stage
+      // into registers. (S itself waits: ptxas holds registers a wgmma once
+      // wrote until no wgmma is in flight.)
+      if constexpr (!kProducerStoresStates<kVt>) {
         uint16_t* const gs = states + (chunk_slot(n, c, seq.bos, f.T, varlen) * f.HV + hv) * kDim * kDim + v0;
 #pragma unroll
         for (int i = tid; i < kDim * kVt / 8; i += kChainThreads) {
