@@ -35,8 +35,12 @@ struct BackwardArgs {
   uint16_t* minv;     // [B T][HV][64]  the rows of (I + A)⁻¹
   float4* rows;       // [B T][HV]      fp32 (e^{γ_L − γ} r_k, scale e^γ r_q, e^{γ_L}, γ): γ the in-chunk
                       //                cumsum of g, γ_L the chunk's last, r_k, r_q the l2norm factors
-  uint16_t* states;   // [chunk_slots][HV][K][V]  S entering each chunk
-  uint16_t* dstates;  // [chunk_slots][HV][K][V]  dS leaving each chunk
+  // S entering each chunk and dS leaving it, [chunk_slots][HV] of [K][V] bf16
+  // as an mma::CoreTile<bf16, 128> (row r, columns 8 v .. 8 v + 7 at
+  // (r / 8) · 1024 + v · 64 + (r % 8) · 8): a chain CTA's columns of an 8-row
+  // block are contiguous, one bulk copy from its shared-memory slice.
+  uint16_t* states;
+  uint16_t* dstates;
 };
 
 }  // namespace flashqla::cuda

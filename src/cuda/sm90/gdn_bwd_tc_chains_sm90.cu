@@ -15,16 +15,15 @@
 //   producer  copies each chunk's rows by cp.async two chunks ahead; for the
 //             gradient chain it forms D, the state-free term, and leaves it in
 //             the stage (over q's rows, in the chain warps' fragment order);
-//             at 32 columns, after each hand-over, it copies the chunk's state
-//             slice from shared memory to the workspace;
-//   chain     per chunk: the state slice to bf16 (shared memory, one of two
-//             buffers; at 16 columns also to the workspace, while its first
-//             product runs), the 64 x kVt product K dS' or W S, Vd or −dVd,
-//             then the state update: the chain's whole serial path.
-// Where the state slice's workspace store goes: whoever stores it waits for it
-// at their next proxy fence (fence.proxy.async is a CTA memory barrier too).
-// The chain warps' own path at 32 columns, the producer's at 16, where its
-// per-chunk work has the least slack: measured both ways.
+//   chain     per chunk: the state slice to bf16 in shared memory (and from
+//             there to the workspace by 16 bulk copies, one an 8-row block,
+//             in the async proxy: no thread's later proxy fence, a CTA
+//             memory barrier too, waits for them as it would for stores), the
+//             64 x kVt product K dS' or W S, Vd or −dVd, then the state
+//             update: the chain's whole serial path.
+// The workspace keeps each (chunk, value head) state as a [128][128]
+// mma::CoreTile (BackwardArgs::states), so that a CTA's kVt columns of an
+// 8-row block are one contiguous run there as in its shared-memory slice.
 // k and q are used as loaded: their l2norm factors (BackwardArgs::rows, from
 // step 1 with the gates) scale the 64-row side instead, K̂ dS' = diag(r_k)(K dS')
 // and K̂ᵀ diag(b) Vd = Kᵀ diag(r_k b) Vd; D takes q exact and
@@ -44,10 +43,6 @@ using namespace bwd;
 constexpr int kThreads = 256;
 constexpr int kChainThreads = 128;  // warps 0-3; the producer is warps 4-7
 constexpr int kStages = 3;  // chunk ci in stage ci % 3; its rows are copied from chunk ci − 2 on
-
-// Whether the producer stores the state slices to the workspace (else the chain warps).
-template <int kVt>
-constexpr bool kProducerStoresStates = kVt == 32;
 
 // kVt value columns a CTA: 32, or 16 where 32 would leave most SMs idle (few
 // (sequence, value head) chains: twice the CTAs, each chunk's step shorter).
@@ -90,9 +85,7 @@ struct ChainSmem {
   static_assert(sizeof(ChainStage<kVt>) % 1024 == 0, "each stage's swizzled tiles 1024-byte aligned");
   ChainStage<kVt> stage[kStages];
   bf16 dlo[kChunk * kLdVt];  // the producer's lo part of diag(scale e^γ r_q) dO
-  // NarrowTile: the state slice in bf16, the B operand of W S / K dS' (chunk
-  // ci: st[ci % 2] where the producer stores it to the workspace, else st[0]).
-  bf16 st[kProducerStoresStates<kVt> ? 2 : 1][kDim * kVt];
+  bf16 st[kDim * kVt];       // NarrowTile: the state slice in bf16, the B operand of W S / K dS'
   bf16 vd[kChunk * kVt];     // NarrowTile: diag(r_k b) Vd (state chain) or −dVd (gradient chain)
 };
 template <int kVt>
@@ -131,7 +124,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);  // uniform in ptxas's view
   auto chunk_at = [&](int64_t ci) { return grad ? n_chunks - 1 - ci : ci; };
 
-  uint16_t* const pstates = grad ? a.dstates : a.states;  // the producer's (kProducerStoresStates)
   if (warp >= 4) {  // ---- producer ----
     const int pt = tid - kChainThreads, pw = warp - 4;
     const RowCopy<kThreads - kChainThreads, kDim> wide(pt);
@@ -202,18 +194,6 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
       // Chunk ci + 2 into the stage chunk ci − 1 used: the chain is done with it.
       if (ci + kStages - 1 < n_chunks) issue_loads(ci + kStages - 1, s.stage[stage == 0 ? kStages - 1 : stage - 1]);
       commit_async_copies();
-      // Chunk ci's state slice (in st[ci % 2] since the hand-over) to the
-      // workspace, 16 bytes a thread and step; the chain writes that buffer
-      // again only after the next hand-over, which this warp reaches after.
-      if constexpr (kProducerStoresStates<kVt>) {
-        const Narrow st{s.st[ci & 1]};
-        uint16_t* const gs = pstates + (chunk_slot(n, chunk_at(ci), seq.bos, f.T, varlen) * f.HV + hv) * kDim * kDim + v0;
-#pragma unroll
-        for (int i = pt; i < kDim * kVt / 8; i += kThreads - kChainThreads) {
-          const int r = i / (kVt / 8), v = 8 * (i % (kVt / 8));
-          *reinterpret_cast<uint4*>(gs + r * kDim + v) = *reinterpret_cast<const uint4*>(st.at(r, v));
-        }
-      }
       stage = next_stage(stage);
     }
     return;
@@ -250,10 +230,24 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   for (int64_t ci = 0; ci < n_chunks; ++ci) {
     Stage& g = s.stage[stage];
     const int64_t c = chunk_at(ci);
-    const Narrow st{s.st[kProducerStoresStates<kVt> ? ci & 1 : 0]};
+    const Narrow st{s.st};
     for_each_state([&](int r, int col, float& x0, float& x1) { store_pair(st, r, col, x0, x1); });
     wgmma::fence_shared_for_async();
     HandOver::sync_unaligned();  // chunk ci's stage, and the state slice from every chain warp
+    // The state slice to the workspace: lane b < 4 of each chain warp copies
+    // 8-row block 4 w + b (kVt · 16 contiguous bytes on both sides; st was
+    // made visible to the async proxy before the hand-over). Read by the
+    // barrier after the first product (each lane waits for its copy's reads before it).
+    if (lane < 4) {
+      const int b = 4 * warp + lane;
+      uint16_t* const gs = states + (chunk_slot(n, c, seq.bos, f.T, varlen) * f.HV + hv) * kDim * kDim +
+                           b * (kDim * 8) + (v0 / 8) * 64;
+      asm volatile(
+          "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+          "cp.async.bulk.commit_group;\n" ::"l"(gs),
+          "r"(mma::smem_addr(st.base + b * (kVt * 8))), "n"(kVt * 8 * 2)
+          : "memory");
+    }
     const Tile in{g.in, kLdVt};
     float el;
     float4 dvec[kDVecs];  // D's rows of this thread (gradient chain)
@@ -268,19 +262,9 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
         wgmma::mma_ss<bf16, kVt, wgmma::kK, wgmma::kMN>(wgmma::kmajor_desc(lhs, k0), wgmma::mnmajor_desc(st, k0), y);
       }
       wgmma::commit();
-      // While it runs, what does not need it: the state slice to the workspace
-      // where the producer does not store it (16 bytes a thread and step), and
-      // this thread's e^{γ_L}, D, U0 / Z pairs and row factors from the stage
-      // into registers. (S itself waits: ptxas holds registers a wgmma once
-      // wrote until no wgmma is in flight.)
-      if constexpr (!kProducerStoresStates<kVt>) {
-        uint16_t* const gs = states + (chunk_slot(n, c, seq.bos, f.T, varlen) * f.HV + hv) * kDim * kDim + v0;
-#pragma unroll
-        for (int i = tid; i < kDim * kVt / 8; i += kChainThreads) {
-          const int r = i / (kVt / 8), v = 8 * (i % (kVt / 8));
-          *reinterpret_cast<uint4*>(gs + r * kDim + v) = *reinterpret_cast<const uint4*>(st.at(r, v));
-        }
-      }
+      // While it runs, what does not need it: this thread's e^{γ_L}, D, U0 / Z
+      // pairs and row factors from the stage into registers. (S itself waits:
+      // ptxas holds registers a wgmma once wrote until no wgmma is in flight.)
       el = g.rows[0].z;
       if (grad) {
 #pragma unroll
@@ -324,6 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
         S[b][4 * j + 2] = el * S[b][4 * j + 2] + dv.z;
         S[b][4 * j + 3] = el * S[b][4 * j + 3] + dv.w;
       }
+    if (lane < 4) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // the bulk copies have read st
     ChainWarps::sync();  // vd in; st read
     {  // S += Wᵀ (−dVd) or Kᵀ (r_k b Vd): two m64nKvt, A MN-major (the tile's keys), B vd MN-major
       const WideTile upd{grad ? g.w : g.k};
@@ -342,6 +327,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
     }
     stage = next_stage(stage);
   }
+  if (lane < 4) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the last state slices written
   if (grad && a.dh0 != nullptr) {
     for_each_state([&](int r, int c, float& x0, float& x1) {
       store_float(a.dh0, a.dh0_dtype,

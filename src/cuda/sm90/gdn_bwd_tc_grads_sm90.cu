@@ -115,10 +115,16 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_kernel(const Bac
     load_rows<kThreads, kChunk>(minv, reinterpret_cast<const bf16*>(a.minv) + tok64, f.HV * kChunk, L);
   };
   auto issue_half = [&](int64_t hv, int cv0) {
-    const uint16_t* const gs = a.states + (slot * f.HV + hv) * kDim * kDim + cv0;
-    const uint16_t* const gds = a.dstates + (slot * f.HV + hv) * kDim * kDim + cv0;
-    load_rows<kThreads, kHalf, kDim>(st, reinterpret_cast<const bf16*>(gs), kDim, kDim);
-    load_rows<kThreads, kHalf, kDim>(dst, reinterpret_cast<const bf16*>(gds), kDim, kDim);
+    // The stored states are [128][128] mma::CoreTiles (BackwardArgs::states):
+    // row r, columns 8 v .. 8 v + 7 at (r / 8) · 1024 + v · 64 + (r % 8) · 8.
+    const bf16* const gs = reinterpret_cast<const bf16*>(a.states) + (slot * f.HV + hv) * kDim * kDim;
+    const bf16* const gds = reinterpret_cast<const bf16*>(a.dstates) + (slot * f.HV + hv) * kDim * kDim;
+    for (int i = threadIdx.x; i < kDim * kHalf / 8; i += kThreads) {
+      const int r = i / (kHalf / 8), v = i % (kHalf / 8);
+      const int64_t off = (r / 8) * (kDim * 8) + (cv0 / 8 + v) * 64 + (r % 8) * 8;
+      copy_async_16(st.at(r, v * 8), gs + off, true);
+      copy_async_16(dst.at(r, v * 8), gds + off, true);
+    }
     load_rows<kThreads, kHalf>(
         dos, static_cast<const bf16*>(a.d_o) + cr.row * a.do_sb + cr.t0 * a.do_st + hv * a.do_sh + cv0, a.do_st, L);
   };

@@ -212,6 +212,19 @@ __device__ __forceinline__ void load_core_rows(const mma::CoreTile<bf16, kCols>&
   }
 }
 
+// Starts copying value columns [cv0, cv0 + 64) of a stored state (a [128][128]
+// mma::CoreTile, BackwardArgs::states) into a [128][64] core-matrix tile, by
+// threads kBy consecutive ones: each 8-row block is one contiguous kilobyte on
+// both sides.
+template <int kBy>
+__device__ __forceinline__ void load_state_half(const mma::CoreTile<bf16, 64>& dst, const bf16* state, int cv0) {
+#pragma unroll 1
+  for (int i = tid_again() % kBy; i < kDim * 64 / 8; i += kBy) {
+    const int b = i / 64, j = i % 64;
+    copy_async_16(dst.base + b * 512 + j * 8, state + b * (kDim * 8) + (cv0 / 8) * 64 + j * 8, true);
+  }
+}
+
 // The rows of two [64][128] core-matrix tiles (q and k) scaled in place to unit
 // l2 norm (times rsqrt(Σx² + 1e-6), as the forward normalises; the factors
 // into rs_a and rs_b for the l2norm backward), by threads
@@ -289,9 +302,9 @@ __device__ __forceinline__ void issue_half(const Ctx& x, int64_t hv, int half) {
   const ChunkRef& cr = x.cr;
   Stage& st = x.s.stage[half];
   const int cv0 = kHalf * half;
-  const int64_t so = (x.slot * f.HV + hv) * kDim * kDim + cv0;
-  load_core_rows<kBy, 64, kDim>(Sq{st.s}, reinterpret_cast<const bf16*>(a.states) + so, kDim, kDim);
-  load_core_rows<kBy, 64, kDim>(Sq{st.ds}, reinterpret_cast<const bf16*>(a.dstates) + so, kDim, kDim);
+  const int64_t so = (x.slot * f.HV + hv) * kDim * kDim;
+  load_state_half<kBy>(Sq{st.s}, reinterpret_cast<const bf16*>(a.states) + so, cv0);
+  load_state_half<kBy>(Sq{st.ds}, reinterpret_cast<const bf16*>(a.dstates) + so, cv0);
   load_core_rows<kBy, 64, kChunk>(Sq{st.v}, static_cast<const bf16*>(f.v) + cr.row * f.v_sb + cr.t0 * f.v_st + hv * f.v_sh + cv0,
                              f.v_st, x.L);
   load_core_rows<kBy, 64, kChunk>(
