@@ -41,6 +41,14 @@ struct BackwardArgs {
   // block are contiguous, one bulk copy from its shared-memory slice.
   uint16_t* states;
   uint16_t* dstates;
+  // The grads beside the chains (grads_beside_chains in cuda/backward_support.h):
+  // each chain CTA's count of chunks whose states it has stored, [2][N][HV][8]
+  // (direction 0 the gradient chain, as blockIdx.y; then the CTA's V tile),
+  // raised with release semantics; the grads kernel waits on it with acquire.
+  // Then one more word: the grads' next-item ticket. nullptr: the grads run
+  // after the chains (no counts, no waits, a fixed stride of items a CTA).
+  unsigned* chain_progress;
+  int chain_tiles;  // V tiles a (sequence, value head): 128 / the chains' columns
 };
 
 }  // namespace flashqla::cuda

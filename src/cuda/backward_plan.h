@@ -20,6 +20,7 @@ struct BackwardPlan {
   SimpleBackwardLayout simple;
   TensorCoreBackwardLayout tc;
   int chain_columns = 32;  // the tensor-core chains' value columns a CTA (chains_value_columns)
+  bool grads_beside = false;  // the grads kernel beside the chains (grads_beside_chains)
   size_t bytes = 0;    // workspace: the debug check word, then the chosen backward's arrays
 };
 

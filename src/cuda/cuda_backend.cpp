@@ -256,6 +256,10 @@ BackwardPlan plan_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p
     plan.bytes = plan.tc.bytes;
     // FLASHQLA_BACKWARD_CHAIN_COLUMNS=16|32 forces the chains' width (read at every call).
     plan.chain_columns = chains_value_columns(pr.N, pr.HV, sm_count(), env_int("FLASHQLA_BACKWARD_CHAIN_COLUMNS", 0));
+    // FLASHQLA_BACKWARD_GRADS_BESIDE=0|1 forces the grads after or beside the chains.
+    plan.grads_beside = grads_kernel_selected() == GradsKernel::kWarpgroups &&
+                        grads_beside_chains(pr.N, pr.HV, plan.chain_columns, sm_count(),
+                                            env_int("FLASHQLA_BACKWARD_GRADS_BESIDE", -1));
   } else {
     plan.simple = simple_backward_layout(pr.B, pr.T, pr.N, pr.HV, pr.K, pr.V, pr.varlen, kCuSeqlensCheckBytes,
                                          max_shared_memory_per_block(entry));
@@ -318,8 +322,15 @@ void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const B
     a.rows = reinterpret_cast<float4*>(ws + l.rows);
     a.states = reinterpret_cast<uint16_t*>(ws + l.states);
     a.dstates = reinterpret_cast<uint16_t*>(ws + l.dstates);
-    FLASHQLA_PLAN("%s: tensor-core backward: %lld chunk slots, chains of %d value columns, workspace %zu bytes",
-                  entry, (long long)l.chunk_slots, plan.chain_columns, l.bytes);
+    FLASHQLA_PLAN("%s: tensor-core backward: %lld chunk slots, chains of %d value columns, grads %s them, "
+                  "workspace %zu bytes",
+                  entry, (long long)l.chunk_slots, plan.chain_columns, plan.grads_beside ? "beside" : "after", l.bytes);
+    if (plan.grads_beside) {
+      a.chain_progress = reinterpret_cast<unsigned*>(ws + l.progress);
+      a.chain_tiles = 128 / plan.chain_columns;
+      check_cuda(cudaMemsetAsync(a.chain_progress, 0, l.progress_bytes, p.fwd.stream), entry,
+                 "chain progress counts reset");
+    }
     check_cuda(launch_gdn_bwd_tc_prep(a, p.fwd.stream), entry, "tensor-core backward prep launch");
     check_cuda(launch_gdn_bwd_tc_chains(a, plan.chain_columns, p.fwd.stream), entry, "tensor-core backward chains launch");
     const GradsKernel grads = grads_kernel_selected();

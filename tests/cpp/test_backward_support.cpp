@@ -92,5 +92,20 @@ TEST(TensorCoreBackwardSupport, ChainsNarrowOnlyWhereFewChainsWouldLeaveSmsIdle)
   EXPECT_EQ(chains_value_columns(1, 4, 132, 24), 16);   // not a width: ignored
 }
 
+// The grads run beside the chains only where the chain CTAs (one an SM) leave
+// half the SMs idle; 0 / 1 force it either way.
+TEST(TensorCoreBackwardSupport, GradsBesideChainsOnlyWhereChainsLeaveHalfTheSmsIdle) {
+  using flashqla::cuda::grads_beside_chains;
+  EXPECT_TRUE(grads_beside_chains(1, 4, 16, 132, -1));     // 64 chain CTAs
+  EXPECT_TRUE(grads_beside_chains(1, 8, 32, 132, -1));     // 64
+  EXPECT_FALSE(grads_beside_chains(2, 8, 32, 132, -1));    // 128: 4 SMs idle
+  EXPECT_FALSE(grads_beside_chains(1, 16, 32, 132, -1));
+  EXPECT_FALSE(grads_beside_chains(1, 32, 32, 132, -1));   // 256: two waves
+  EXPECT_FALSE(grads_beside_chains(1, 4, 16, 0, -1));      // SM count unknown
+  EXPECT_FALSE(grads_beside_chains(1, 4, 16, 132, 0));     // forced
+  EXPECT_TRUE(grads_beside_chains(1, 32, 32, 132, 1));
+  EXPECT_TRUE(grads_beside_chains(1, 4, 16, 132, 7));      // not 0 or 1: ignored
+}
+
 }  // namespace
 }  // namespace flashqla_test

@@ -45,6 +45,10 @@ __device__ __forceinline__ void wait_until_at_least(const unsigned* counter, uns
 __device__ __forceinline__ void add_release(unsigned* p, unsigned x) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(x) : "memory");
 }
+// Raises a count to at least x (two threads of a CTA may raise it, in either order).
+__device__ __forceinline__ void max_release(unsigned* p, unsigned x) {
+  asm volatile("red.release.gpu.global.max.u32 [%0], %1;" ::"l"(p), "r"(x) : "memory");
+}
 
 __device__ __forceinline__ float load_float(const void* p, flashqla_dtype_t dtype, int64_t i) {
   switch (dtype) {

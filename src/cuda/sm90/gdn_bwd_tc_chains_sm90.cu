@@ -100,7 +100,9 @@ static_assert(ws::named_barriers_disjoint<ChainWarps, ProducerWarps, HandOver>()
 
 __device__ __forceinline__ int next_stage(int stage) { return stage == kStages - 1 ? 0 : stage + 1; }
 
-template <int kVt>
+// kBeside: the grads kernel runs beside the chains (BackwardArgs::chain_progress
+// set); the kernel without it is the chains alone.
+template <int kVt, bool kBeside>
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const BackwardArgs a) {
   constexpr int kLdVt = Columns<kVt>::kLd, kTiles = Columns<kVt>::kTiles, kDVecs = Columns<kVt>::kDVecs;
   constexpr int kNT = Columns<kVt>::kNT;
@@ -123,6 +125,14 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   const int tid = threadIdx.x, lane = tid % 32;
   const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);  // uniform in ptxas's view
   auto chunk_at = [&](int64_t ci) { return grad ? n_chunks - 1 - ci : ci; };
+  // The grads kernel beside the chains (BackwardArgs::chain_progress) starts once
+  // every chain CTA has started, so none of its waits can hold a chain CTA back;
+  // this CTA's count of chunks whose states are stored is raised after each
+  // hand-over (by the producer: before it, the chain's lanes that copied chunk
+  // ci − 1's slice waited for their copies' writes) and at the end (by the
+  // chain, after the last).
+  if constexpr (kBeside) allow_dependent_grids();
+  unsigned* const progress = kBeside ? a.chain_progress + blockIdx.y * gridDim.x + blockIdx.x : nullptr;
 
   if (warp >= 4) {  // ---- producer ----
     const int pt = tid - kChainThreads, pw = warp - 4;
@@ -191,6 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
       }
       wgmma::fence_shared_for_async();  // the stage's rows, seen by the chain's wgmmas
       HandOver::sync_unaligned();
+      if (kBeside && pt == 0 && ci > 0) max_release(progress, static_cast<unsigned>(ci));
       // Chunk ci + 2 into the stage chunk ci − 1 used: the chain is done with it.
       if (ci + kStages - 1 < n_chunks) issue_loads(ci + kStages - 1, s.stage[stage == 0 ? kStages - 1 : stage - 1]);
       commit_async_copies();
@@ -231,6 +242,10 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
     Stage& g = s.stage[stage];
     const int64_t c = chunk_at(ci);
     const Narrow st{s.st};
+    if (kBeside && lane < 4 && ci > 0) {  // chunk ci − 1's slice written, then counted after the hand-over
+      asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    }
     for_each_state([&](int r, int col, float& x0, float& x1) { store_pair(st, r, col, x0, x1); });
     wgmma::fence_shared_for_async();
     HandOver::sync_unaligned();  // chunk ci's stage, and the state slice from every chain warp
@@ -328,6 +343,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
     stage = next_stage(stage);
   }
   if (lane < 4) asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");  // the last state slices written
+  if constexpr (kBeside) {
+    if (lane < 4) asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    ChainWarps::sync();  // every chain warp's copies of the last chunk's states
+    if (tid == 0) max_release(progress, static_cast<unsigned>(n_chunks));
+  }
   if (grad && a.dh0 != nullptr) {
     for_each_state([&](int r, int c, float& x0, float& x1) {
       store_float(a.dh0, a.dh0_dtype,
@@ -338,23 +358,24 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   }
 }
 
-template <int kVt>
+template <int kVt, bool kBeside>
 cudaError_t launch_chains(const BackwardArgs& args, cudaStream_t stream) {
   constexpr size_t smem = kSmemBytes<kVt>;
-  cudaError_t err = cudaFuncSetAttribute(gdn_bwd_tc_chain_kernel<kVt>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  cudaError_t err = cudaFuncSetAttribute(gdn_bwd_tc_chain_kernel<kVt, kBeside>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   const int64_t blocks = Columns<kVt>::kTiles * args.f.HV * args.f.N;
   if (blocks == 0) return cudaSuccess;
-  gdn_bwd_tc_chain_kernel<kVt><<<dim3(static_cast<unsigned>(blocks), 2), kThreads, smem, stream>>>(args);
+  gdn_bwd_tc_chain_kernel<kVt, kBeside><<<dim3(static_cast<unsigned>(blocks), 2), kThreads, smem, stream>>>(args);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t launch_gdn_bwd_tc_chains(const BackwardArgs& args, int value_columns, cudaStream_t stream) {
-  if (value_columns == 16) return launch_chains<16>(args, stream);
-  if (value_columns == 32) return launch_chains<32>(args, stream);
+  const bool beside = args.chain_progress != nullptr;
+  if (value_columns == 16) return beside ? launch_chains<16, true>(args, stream) : launch_chains<16, false>(args, stream);
+  if (value_columns == 32) return beside ? launch_chains<32, true>(args, stream) : launch_chains<32, false>(args, stream);
   return cudaErrorInvalidValue;
 }
 

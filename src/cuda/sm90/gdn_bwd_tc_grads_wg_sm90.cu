@@ -19,9 +19,14 @@
 // Each half starts at a CTA barrier; inside it WG1 and WG2 hand Vd and dR to
 // each other (arrive / sync) and WG0 waits for no one. The l2norm backward of
 // dq (WG0) and dk (WG1) runs on the accumulators, whose rows each warp holds
-// whole. The default step 3 (cuda_backend.cpp; FLASHQLA_BACKWARD_GRADS=warps
+// whole. Beside the chains (BackwardArgs::chain_progress; where they leave
+// half the SMs idle) each CTA takes its item from a ticket in readiness order
+// and waits for both chains' counts before copying the item's states. The
+// default step 3 (cuda_backend.cpp; FLASHQLA_BACKWARD_GRADS=warps
 // selects the 16-warp mma.sync kernel of gdn_bwd_tc_grads_sm90.cu instead).
 #include "cuda/sm90/gdn_bwd_tc_sm90.h"
+
+#include <algorithm>
 
 #include "cuda/sm90/gdn_bwd_tc/common.cuh"
 #include "cuda/sm90/warp_specialization.cuh"
@@ -783,14 +788,79 @@ __device__ __forceinline__ void role_main(const Ctx& x) {
   if constexpr (kRole == 1) finish_rows(x, acc, Wide{x.s.k}, x.s.rs_k, a.dk, a.dk_sb, a.dk_st, a.dk_sh, a.dk_dtype);
 }
 
+// Beside the chains: the CTA's item, taken from the ticket all CTAs share
+// (one thread), in the order both chains finish the chunks' states: ticket
+// t = h + H (n + N r) is q/k head h of the chunk of rank r in sequence n,
+// rank 0 its middle chunk, then outward alternately (chunk c's states come
+// after max(c + 1, n_chunks − c) steps of the chains); ranks past a
+// sequence's chunks are skipped. item: its chunk slot and q/k head;
+// chunk.valid false: no item left. The grid
+// has chunk_slots · H CTAs, at least one per item.
+__device__ __forceinline__ void take_item_beside(const BackwardArgs& a, ChunkRef& chunk, int64_t (&item)[2]) {
+  const ForwardArgs& f = a.f;
+  unsigned* const ticket = a.chain_progress + 2 * f.N * f.HV * 8;
+  const int64_t tickets = a.chunk_slots * f.H * f.N;
+  chunk.valid = false;
+#pragma unroll 1
+  for (;;) {
+    const int64_t t = atomicAdd(ticket, 1u);
+    if (t >= tickets) return;
+    const int64_t n = (t / f.H) % f.N, rank = t / (f.H * f.N);
+    const SequenceRange seq = sequence_range(f.cu_seqlens, f.cu_seqlens_int64, f.T, n);
+    const int64_t n_chunks = (seq.eos - seq.bos + kChunk - 1) / kChunk;
+    if (rank >= n_chunks) continue;
+    const int64_t mid = n_chunks / 2, c = rank % 2 == 1 ? mid - (rank + 1) / 2 : mid + rank / 2;
+    // The sequence's first slot: bos / 64 + n packed (chunk_of_slot), n · chunks a sequence otherwise.
+    const int64_t first = f.cu_seqlens != nullptr ? seq.bos / kChunk + n : n * ((f.T + kChunk - 1) / kChunk);
+    chunk = chunk_of_slot(f, first + c);
+    item[0] = first + c;
+    item[1] = t % f.H;
+    return;
+  }
+}
+
+// Beside the chains: until both have stored the chunk's states for every value
+// head of the group (each V tile's CTA past it: S entering the chunk, step
+// c + 1 of the state chain; dS leaving it, step n_chunks − c of the gradient
+// chain). By role 0 before it copies the first stage.
+__device__ __forceinline__ void wait_for_chains(const Ctx& x) {
+  const BackwardArgs& a = x.a;
+  const ForwardArgs& f = a.f;
+  const SequenceRange seq = sequence_range(f.cu_seqlens, f.cu_seqlens_int64, f.T, x.cr.n);
+  const unsigned grad_steps = static_cast<unsigned>((seq.eos - seq.bos + kChunk - 1) / kChunk - x.cr.c);
+  const int64_t per_head = a.chain_tiles, state_dir = f.N * f.HV * per_head;
+  const unsigned* const grad = a.chain_progress + (x.cr.n * f.HV + x.hv0) * per_head;
+  const int64_t counts = (x.hv_end - x.hv0) * per_head;
+#pragma unroll 1
+  for (int64_t t = 0; t < counts; ++t) {
+    wait_until_at_least(grad + state_dir + t, static_cast<unsigned>(x.cr.c + 1));
+    wait_until_at_least(grad + t, grad_steps);
+  }
+}
+
+template <bool kBeside>
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const BackwardArgs a) {
   GradsSmem& s = *reinterpret_cast<GradsSmem*>(grads_smem);
   const ForwardArgs& f = a.f;
   __shared__ ChunkRef chunk;
-  if (!park_chunk(f, chunk)) return;
+  int64_t h, slot;
+  if constexpr (kBeside) {
+    __shared__ int64_t item[2];  // slot, q/k head
+    if (threadIdx.x == 0) take_item_beside(a, chunk, item);
+    __syncthreads();
+    if (!chunk.valid) {
+      if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) wait_for_prerequisite_grids();  // see the kernel's end
+      return;
+    }
+    slot = item[0];
+    h = item[1];
+  } else {
+    if (!park_chunk(f, chunk)) return;
+    slot = blockIdx.x;
+    h = blockIdx.y;
+  }
   const ChunkRef& cr = chunk;
-  const int64_t h = blockIdx.y;
-  const Ctx x{s, a, cr, h, static_cast<int64_t>(blockIdx.x), h * f.group, (h + 1) * f.group, cr.L};
+  const Ctx x{s, a, cr, h, slot, h * f.group, (h + 1) * f.group, cr.L};
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / 128, 0);
   const Wide q{s.q}, k{s.k};
 
@@ -804,6 +874,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const 
   // and Q̂K̂ᵀ is formed.
   if (wg == 0) {
     issue_m<128>(x, x.hv0);
+    if constexpr (kBeside) wait_for_chains(x);
     issue_half<128>(x, x.hv0, 0);
     commit_async_copies();
     wait_async_copies_but<1>();
@@ -833,19 +904,44 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const 
   } else {
     role_main<2>(x);
   }
+  // Beside the chains, the grid is not done before them (their last stores,
+  // dh0): its last CTA waits for them before it exits, whatever it ran. (Every
+  // CTA waiting held each SM until the chains' end, one item an SM beside them.)
+  if constexpr (kBeside) {
+    if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) wait_for_prerequisite_grids();
+  }
 }
 
 }  // namespace
 
 cudaError_t launch_gdn_bwd_tc_grads_warpgroups(const BackwardArgs& args, cudaStream_t stream) {
   const size_t smem = sizeof(GradsSmem);
-  auto* const kernel = gdn_bwd_tc_grads_wg_kernel;
+  if (args.chain_progress == nullptr) {
+    auto* const kernel = gdn_bwd_tc_grads_wg_kernel<false>;
+    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) return err;
+    if (args.chunk_slots == 0 || args.f.H == 0) return cudaSuccess;
+    kernel<<<dim3(static_cast<unsigned>(args.chunk_slots), static_cast<unsigned>(args.f.H)), kThreads, smem, stream>>>(
+        args);
+    return cudaGetLastError();
+  }
+  // Beside the chains: their programmatic dependent (it starts once every chain
+  // CTA has, so no wait of its CTAs holds a chain CTA back), a CTA per item.
+  auto* const kernel = gdn_bwd_tc_grads_wg_kernel<true>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (err != cudaSuccess) return err;
   if (args.chunk_slots == 0 || args.f.H == 0) return cudaSuccess;
-  kernel<<<dim3(static_cast<unsigned>(args.chunk_slots), static_cast<unsigned>(args.f.H)), kThreads, smem, stream>>>(
-      args);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(args.chunk_slots * args.f.H));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute programmatic{};
+  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  programmatic.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &programmatic;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, args);
 }
 
 }  // namespace flashqla::cuda

@@ -19,7 +19,8 @@ namespace flashqla::cuda {
 // Byte offsets of the tensor-core backward's arrays (from the workspace start).
 struct TensorCoreBackwardLayout {
   int64_t chunk_slots = 0;
-  size_t w = 0, u0 = 0, z = 0, minv = 0, rows = 0, states = 0, dstates = 0, bytes = 0;
+  size_t w = 0, u0 = 0, z = 0, minv = 0, rows = 0, states = 0, dstates = 0, progress = 0, bytes = 0;
+  size_t progress_bytes = 0;  // BackwardArgs::chain_progress, zeroed by each call that uses it
 };
 
 // After `offset` bytes the caller keeps; K = V = 128.
@@ -38,7 +39,9 @@ inline TensorCoreBackwardLayout tensor_core_backward_layout(int64_t B, int64_t T
   l.states = align(l.rows + tokens * 4 * sizeof(float));
   const size_t states = static_cast<size_t>(l.chunk_slots * HV) * kDim * kDim * bf16;
   l.dstates = align(l.states + states);
-  l.bytes = l.dstates + states;
+  l.progress = align(l.dstates + states);
+  l.progress_bytes = static_cast<size_t>(2 * N * HV * 8 + 1) * sizeof(unsigned);  // and the grads' item ticket
+  l.bytes = l.progress + l.progress_bytes;
   return l;
 }
 
@@ -49,6 +52,9 @@ cudaError_t launch_gdn_bwd_tc_chains(const BackwardArgs& args, int value_columns
 
 // Step 3 on three warpgroups with wgmma (gdn_bwd_tc_grads_wg_sm90.cu): the one
 // that runs.
+// With args.chain_progress set it is launched as the chains' programmatic
+// dependent, its CTAs on the SMs the chains leave idle, each chunk's gradients
+// once both chains have stored its states.
 cudaError_t launch_gdn_bwd_tc_grads_warpgroups(const BackwardArgs& args, cudaStream_t stream);
 // Step 3 on 16 warps with mma.sync (gdn_bwd_tc_grads_sm90.cu): the kernel the
 // warpgroup one replaced, selected by FLASHQLA_BACKWARD_GRADS=warps.
