@@ -159,7 +159,9 @@ int main(int argc, char** argv) {
       {"hk16_hv32 32k_1seq", 32768, 1, 16, 32}, {"hk16_hv32 32k_8seq", 32768, 8, 16, 32},
       {"hk2_hv4 8k_1seq", 8192, 1, 2, 4},       {"hk2_hv4 32k_8seq", 32768, 8, 2, 4},
       {"hk2_hv4 32k_1seq", 32768, 1, 2, 4},     {"hk4_hv8 8k_1seq", 8192, 1, 4, 8},
-      {"hk8_hv16 8k_2seq", 8192, 2, 8, 16},
+      {"hk8_hv16 8k_2seq", 8192, 2, 8, 16},     {"hk4_hv8 32k_1seq", 32768, 1, 4, 8},
+      {"hk2_hv4 8k_2seq", 8192, 2, 2, 4},       {"hk8_hv16 8k_1seq", 8192, 1, 8, 16},
+      {"hk4_hv8 8k_2seq", 8192, 2, 4, 8},       {"hk2_hv4 32k_2seq", 32768, 2, 2, 4},
   };
   const int count = int(sizeof(shapes) / sizeof(shapes[0]));
   std::vector<bool> pick(count, argc < 2);
