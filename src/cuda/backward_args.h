@@ -42,8 +42,9 @@ struct BackwardArgs {
   uint16_t* states;
   uint16_t* dstates;
   // The grads beside the chains (grads_beside_chains in cuda/backward_support.h):
-  // each chain CTA's count of chunks whose states it has stored, [2][N][HV][8]
-  // (direction 0 the gradient chain, as blockIdx.y; then the CTA's V tile),
+  // each chain CTA's count of chunks whose states it has stored,
+  // [2][N][HV][chain_tiles] (direction 0 the gradient chain, as blockIdx.y; then
+  // the CTA's V tile; room for 8 tiles),
   // raised with release semantics; the grads kernel waits on it with acquire.
   // Then one more word: the grads' next-item ticket. nullptr: the grads run
   // after the chains (no counts, no waits, a fixed stride of items a CTA).

@@ -51,7 +51,11 @@ inline std::string tensor_core_backward_refusal(const BackwardArgs& a) {
 // The chains' value columns a CTA: 32, unless the 32-column chains would fill
 // fewer than half of the GPU's SMs (one CTA a SM: few (sequence, value head)
 // pairs), then 16. forced (16 or 32) overrides; other values are ignored.
-inline int chains_value_columns(int64_t N, int64_t HV, int sm_count, int64_t forced);
+inline int chains_value_columns(int64_t N, int64_t HV, int sm_count, int64_t forced) {
+  if (forced == 16 || forced == 32) return static_cast<int>(forced);
+  const int64_t ctas = 2 * (128 / 32) * N * HV;  // both directions
+  return sm_count > 0 && 2 * ctas <= sm_count ? 16 : 32;
+}
 
 // Whether the grads kernel runs beside the chains (on the SMs their CTAs leave
 // idle, each chunk once both chains have stored its states) instead of after
@@ -61,12 +65,6 @@ inline bool grads_beside_chains(int64_t N, int64_t HV, int chain_columns, int sm
   if (forced == 0 || forced == 1) return forced == 1;
   const int64_t ctas = 2 * (128 / chain_columns) * N * HV;
   return sm_count > 0 && 2 * ctas <= sm_count;
-}
-
-inline int chains_value_columns(int64_t N, int64_t HV, int sm_count, int64_t forced) {
-  if (forced == 16 || forced == 32) return static_cast<int>(forced);
-  const int64_t ctas = 2 * (128 / 32) * N * HV;  // both directions
-  return sm_count > 0 && 2 * ctas <= sm_count ? 16 : 32;
 }
 
 }  // namespace flashqla::cuda

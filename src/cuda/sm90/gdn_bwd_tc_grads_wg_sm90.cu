@@ -916,21 +916,18 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const 
 
 cudaError_t launch_gdn_bwd_tc_grads_warpgroups(const BackwardArgs& args, cudaStream_t stream) {
   const size_t smem = sizeof(GradsSmem);
-  if (args.chain_progress == nullptr) {
-    auto* const kernel = gdn_bwd_tc_grads_wg_kernel<false>;
-    cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (err != cudaSuccess) return err;
-    if (args.chunk_slots == 0 || args.f.H == 0) return cudaSuccess;
+  const bool beside = args.chain_progress != nullptr;
+  auto* const kernel = beside ? gdn_bwd_tc_grads_wg_kernel<true> : gdn_bwd_tc_grads_wg_kernel<false>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (err != cudaSuccess) return err;
+  if (args.chunk_slots == 0 || args.f.H == 0) return cudaSuccess;
+  if (!beside) {
     kernel<<<dim3(static_cast<unsigned>(args.chunk_slots), static_cast<unsigned>(args.f.H)), kThreads, smem, stream>>>(
         args);
     return cudaGetLastError();
   }
   // Beside the chains: their programmatic dependent (it starts once every chain
   // CTA has, so no wait of its CTAs holds a chain CTA back), a CTA per item.
-  auto* const kernel = gdn_bwd_tc_grads_wg_kernel<true>;
-  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (err != cudaSuccess) return err;
-  if (args.chunk_slots == 0 || args.f.H == 0) return cudaSuccess;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(args.chunk_slots * args.f.H));
   config.blockDim = dim3(kThreads);
