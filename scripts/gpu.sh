@@ -73,6 +73,12 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       card stop at once (exit 3). --budget S (FULL_RUN_SECONDS): the whole run's
       seconds; the benchmark gets what is left less 40 s.
       Default $OUT: /tmp/flashqla-gpu-full-run.
+  ncu-bwd [--shape N] [--kernels REGEX]
+      Nsight Compute (--set full) on the tensor-core backward's kernels of one
+      backward_latency shape (default 0, hk16_hv32 8k_1seq): the first launch of
+      each kernel matching REGEX (default gdn_bwd_tc), its details and per-line
+      SASS as CSV and a short summary (time, SM and memory throughput, occupancy,
+      top stall reasons) per kernel. Default $OUT: /tmp/flashqla-ncu-bwd.
   iterate
       The kernel loop (about a minute): build the library, its tests and the
       fused kernel's tools, run the GPU tests of the C++ suite, then the kernel's
@@ -623,6 +629,44 @@ cmd_ncu() {
   echo "ncu: ${out}/prof.ncu-rep, source.csv, details.csv, $(cd "${out}" && ls -- *.cubin 2>/dev/null | tr '\n' ' ')"
 }
 
+# --- ncu-bwd -----------------------------------------------------------------
+cmd_ncu_bwd() {
+  local shape=0 kernels=gdn_bwd_tc
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --shape) shape=${2:?--shape needs a number}; shift ;;
+      --kernels) kernels=${2:?--kernels needs a regex}; shift ;;
+      *) echo "usage: scripts/gpu.sh ncu-bwd [--shape N] [--kernels REGEX]"; exit 2 ;;
+    esac
+    shift
+  done
+  local out="${OUT:-/tmp/flashqla-ncu-bwd}" build=build-gpu
+  mkdir -p "${out}"
+  fq_gpu_configure_and_build "${build}" "${out}" backward_latency
+  local bin="${build}/benchmarks/tools/backward_latency"
+  # The first backward call's kernels (prep, chains, grads; NCU_COUNT to change).
+  REPS=1 ncu --set full --clock-control none --import-source yes -k "regex:${kernels}" -c "${NCU_COUNT:-3}" \
+    -o "${out}/bwd" "${bin}" "${shape}" > "${out}/ncu.log" 2>&1 || { tail -n 20 "${out}/ncu.log"; exit 1; }
+  ncu -i "${out}/bwd.ncu-rep" --page details --csv > "${out}/details.csv" 2>&1
+  ncu -i "${out}/bwd.ncu-rep" --page source --csv --print-source sass > "${out}/source.csv" 2>&1
+  python3 - "${out}/details.csv" <<'PY'
+import csv, sys, collections
+rows = list(csv.DictReader(open(sys.argv[1])))
+want = ("Duration", "Compute (SM) Throughput", "Memory Throughput", "DRAM Throughput", "Achieved Occupancy",
+        "Registers Per Thread", "Dynamic Shared Memory Per Block", "Block Limit Shared Mem", "Grid Size",
+        "Issue Slots Busy", "Executed Ipc Active", "L1/TEX Hit Rate", "L2 Hit Rate", "No Eligible")
+by = collections.OrderedDict()
+for r in rows:
+    key = (r.get("ID"), r.get("Kernel Name", "")[:60])
+    if r.get("Metric Name") in want or r.get("Section Name") in ("Warp State Statistics", "Scheduler Statistics"):
+        by.setdefault(key, []).append(f"{r['Metric Name']}={r['Metric Value']}{r.get('Metric Unit', '')}")
+for (i, name), vals in by.items():
+    print(f"[{i}] {name}")
+    for v in vals:
+        print("    " + v)
+PY
+}
+
 # --- sanitize ----------------------------------------------------------------
 cmd_sanitize() {
   local out="${OUT:-/tmp/flashqla-sanitize}" build=build-gpu
@@ -677,6 +721,7 @@ case "${command}" in
   bwd-compare) cmd_bwd_compare "$@" ;;
   compare) cmd_compare "$@" ;;
   ncu) cmd_ncu "$@" ;;
+  ncu-bwd) cmd_ncu_bwd "$@" ;;
   sanitize) cmd_sanitize "$@" ;;
   -h|--help|help) usage ;;
   *) usage >&2; exit 2 ;;

@@ -14,6 +14,7 @@
 #include "cuda/sm90/gdn_bwd_tc_sm90.h"
 
 #include "cuda/sm90/gdn_bwd_tc/common.cuh"
+#include "cuda/sm90/unit_lower_inverse.cuh"
 
 namespace flashqla::cuda {
 namespace {
@@ -21,12 +22,14 @@ namespace {
 using namespace bwd;
 
 constexpr int kThreads = 256;
+constexpr int kLdAT = 20;  // row stride of the transposed 16x16 diagonal blocks of A (float4 rows)
 
 // 112 KB: two CTAs a SM. Regions are reused once their contents are dead.
 struct PrepSmem {
   union {
     bf16 q[kChunk * kLdWide];      // Q̂, until Q̂ K̂ᵀ
-    float t[kChunk][kChunk + 1];   // then, each value head, the blocked inverse's products
+    float at[4][16][kLdAT];        // then, each value head, A's diagonal 16x16 blocks transposed
+    float t[kChunk][kChunk + 1];   // then the blocked inverse's products
     bf16 p[kChunk * kLdHalf];      // then scale P
   } r0;
   bf16 k[kChunk * kLdWide];        // K̂, for every value head of the group
@@ -64,26 +67,25 @@ __device__ __forceinline__ void mma_rows_tf32(float (&c)[4], const float* a, con
 }
 
 // M = (I + A)⁻¹ for A strictly lower (64x64 fp32; M holds the identity on
-// entry), in three levels: the four 16x16 diagonal blocks by forward
-// substitution (warp b block b, a lane a column); then the block below each
+// entry; at[b] A's diagonal block b transposed), in three levels: the four 16x16
+// diagonal blocks by forward substitution in registers (warp b block b, a lane a
+// column: unit_lower_inverse_column16); then the block below each
 // 32x32 diagonal block's diagonal, M_10 = −(M_11 A_10) M_00 (warps 0 and 1, one
 // block each, tf32 mma); then the 32x32 block below the diagonal,
 // M_10 = −(M_11 A_10) M_00 again with 32x32 blocks (every warp a 16x8 tile of
 // each product, the first product through t). Ends with a barrier.
-__device__ void invert_unit_lower(float (&a)[kChunk][kChunk + 1], float (&m)[kChunk][kChunk + 1],
-                                  float (&t)[kChunk][kChunk + 1]) {
+__device__ __noinline__ void invert_unit_lower(float (&a)[kChunk][kChunk + 1], const float (&at)[4][16][kLdAT],
+                                  float (&m)[kChunk][kChunk + 1], float (&t)[kChunk][kChunk + 1]) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, q = lane & 3;
   if (warp < 4) {
-    const int o = 16 * warp, c = lane % 16, part = lane / 16;
-    for (int r = 1; r < 16; ++r) {
-      float x = 0.f;
-      if (c < r) {
-        for (int k = c + part; k < r; k += 2) x += a[o + r][o + k] * m[o + k][o + c];
-      }
-      x += __shfl_xor_sync(0xffffffffu, x, 16);
-      if (c < r && part == 0) m[o + r][o + c] = -x;
-      __syncwarp();
-    }
+    // Both half-warps compute the whole column; lanes ..15 store rows 0..7,
+    // lanes 16.. rows 8..15 (on and above the diagonal: the identity's 1 and 0).
+    const int o = 16 * warp, c = lane % 16;
+    const bool upper = lane >= 16;
+    float x[16];
+    unit_lower_inverse_column16<kLdAT>(&at[warp][0][0], c, x);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) m[o + e + (upper ? 8 : 0)][o + c] = upper ? x[e + 8] : x[e];
   }
   __syncthreads();
   if (warp < 2) {  // 16x16 blocks below the diagonal of the 32x32 block at o
@@ -198,14 +200,20 @@ __global__ void __launch_bounds__(kThreads, 2) gdn_bwd_tc_prep_kernel(const Back
       warp_gemm<1, 4, false, true>(kk, k, k, pm0, pn0, kDim);
       for_each_pair(kk, pm0, pn0, [&](int r, int c, float& x0, float& x1) {
         const bool row_in = r < L;
-        s.r1.a[r][c] = row_in && c < r ? s.beta[r] * fast_exp(s.gamma[r] - s.gamma[c]) * x0 : 0.f;
-        s.r1.a[r][c + 1] = row_in && c + 1 < r ? s.beta[r] * fast_exp(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f;
+        const float a0 = row_in && c < r ? s.beta[r] * fast_exp(s.gamma[r] - s.gamma[c]) * x0 : 0.f;
+        const float a1 = row_in && c + 1 < r ? s.beta[r] * fast_exp(s.gamma[r] - s.gamma[c + 1]) * x1 : 0.f;
+        s.r1.a[r][c] = a0;
+        s.r1.a[r][c + 1] = a1;
+        if (r / 16 == c / 16) {  // a diagonal block's entries, transposed too (c even: c + 1 in the same block)
+          s.r0.at[r / 16][c % 16][r % 16] = a0;
+          s.r0.at[r / 16][c % 16 + 1][r % 16] = a1;
+        }
       });
     }
     for (int i = tid; i < kChunk * kChunk; i += kThreads) s.minv[i / kChunk][i % kChunk] = i / kChunk == i % kChunk;
     wait_async_copies();  // this value head's v and dO
-    __syncthreads();      // A, the identity, e^γ in; Q̂ read (its memory becomes t)
-    invert_unit_lower(s.r1.a, s.minv, s.r0.t);
+    __syncthreads();      // A (and its diagonal blocks transposed over Q̂, read before), the identity, e^γ in
+    invert_unit_lower(s.r1.a, s.r0.at, s.minv, s.r0.t);
     // A and t are dead: scale P over t, M diag(β e^γ) and M diag(β) over A, M to the workspace.
     for (int i = tid; i < kChunk * kChunk / 2; i += kThreads) {
       const int r = i / (kChunk / 2), c = 2 * (i % (kChunk / 2));

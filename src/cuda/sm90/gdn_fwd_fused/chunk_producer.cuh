@@ -22,6 +22,7 @@
 #include "cuda/sm90/device_common.cuh"
 #include "cuda/sm90/gdn_fwd_fused/kernel_layout.cuh"
 #include "cuda/sm90/tma_load.cuh"
+#include "cuda/sm90/unit_lower_inverse.cuh"
 #include "cuda/sm90/warp_mma.cuh"
 #include "cuda/sm90/warpgroup_mma.cuh"
 
@@ -409,25 +410,8 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
     {
       const int b0 = 16 * pwarp, col = lane & 15;
       const float* const a_cols = t_fp32 + b0 * kLdF + b0;  // a_cols[m kLdF + r] = A[b0 + r][b0 + m]
-      // The identity column, built here each chunk: as loop-invariant values
-      // ptxas would keep them live across the chunk loop; the volatile move
-      // pins them inside.
-      float one;
-      asm volatile("mov.b32 %0, 0x3f800000;\n" : "=f"(one));
       float x[16];
-#pragma unroll
-      for (int r = 0; r < 16; ++r) x[r] = r == col ? one : 0.f;
-#pragma unroll
-      for (int m = 0; m < 15; ++m) {
-#pragma unroll
-        for (int q = (m + 1) / 4; q < 4; ++q) {
-          const float4 v = *reinterpret_cast<const float4*>(a_cols + m * kLdF + 4 * q);
-          const float cv[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (4 * q + e > m) x[4 * q + e] -= cv[e] * x[m];
-        }
-      }
+      unit_lower_inverse_column16<kLdF>(a_cols, col, x);
       __syncwarp();  // every lane has read the block
       // T's block in fp32 (the levels below read it) and Tβ's in 16 bits (β of
       // this lane's column), the latter the state's operand directly. Both
