@@ -32,6 +32,7 @@
 #include "cuda/sm90/gdn_bwd_tc_sm90.h"
 
 #include "cuda/sm90/gdn_bwd_tc/common.cuh"
+#include "cuda/sm90/tma_load.cuh"
 #include "cuda/sm90/warp_specialization.cuh"
 #include "cuda/sm90/warpgroup_mma.cuh"
 
@@ -87,16 +88,20 @@ struct ChainSmem {
   bf16 dlo[kChunk * kLdVt];  // the producer's lo part of diag(scale e^γ r_q) dO
   bf16 st[kDim * kVt];       // NarrowTile: the state slice in bf16, the B operand of W S / K dS'
   bf16 vd[kChunk * kVt];     // NarrowTile: diag(r_k b) Vd (state chain) or −dVd (gradient chain)
+  uint64_t hand_over;        // the chunks' hand-over (an mbarrier of all kThreads threads)
 };
 template <int kVt>
 constexpr size_t kSmemBytes = sizeof(ChainSmem<kVt>) + 1024;  // room to align the base to 1024 bytes
 
 using ChainWarps = ws::NamedBarrier<1, 1, kChainThreads>;
 using ProducerWarps = ws::NamedBarrier<2, 1, kThreads - kChainThreads>;
-// Chunk ci's hand-over: its stage is ready (producer) and chunk ci − 1's stage
-// is free (chain). Both sides wait: the producer is never more than a chunk ahead.
-using HandOver = ws::NamedBarrier<3, 1, kThreads>;
-static_assert(ws::named_barriers_disjoint<ChainWarps, ProducerWarps, HandOver>(), "the chains' named barriers overlap");
+static_assert(ws::named_barriers_disjoint<ChainWarps, ProducerWarps>(), "the chains' named barriers overlap");
+// Chunk ci's hand-over (ChainSmem::hand_over, use ci): its stage is ready
+// (producer) and chunk ci − 1's stage is free and the state slice stored (chain).
+// Both sides wait: the producer is never more than a chunk ahead.
+__device__ __forceinline__ void hand_over(uint64_t* bar, int64_t ci) {
+  ws::mbarrier_arrive_and_wait(bar, static_cast<uint32_t>(ci) & 1u);
+}
 
 __device__ __forceinline__ int next_stage(int stage) { return stage == kStages - 1 ? 0 : stage + 1; }
 
@@ -133,6 +138,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   // chain, after the last).
   if constexpr (kBeside) allow_dependent_grids();
   unsigned* const progress = kBeside ? a.chain_progress + blockIdx.y * gridDim.x + blockIdx.x : nullptr;
+  if (tid == 0) {
+    tma::barrier_init(&s.hand_over, kThreads);
+    tma::fence_barrier_init();
+  }
+  __syncthreads();
 
   if (warp >= 4) {  // ---- producer ----
     const int pt = tid - kChainThreads, pw = warp - 4;
@@ -200,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
           }
       }
       wgmma::fence_shared_for_async();  // the stage's rows, seen by the chain's wgmmas
-      HandOver::sync_unaligned();
+      hand_over(&s.hand_over, ci);
       if (kBeside && pt == 0 && ci > 0) max_release(progress, static_cast<unsigned>(ci));
       // Chunk ci + 2 into the stage chunk ci − 1 used: the chain is done with it.
       if (ci + kStages - 1 < n_chunks) issue_loads(ci + kStages - 1, s.stage[stage == 0 ? kStages - 1 : stage - 1]);
@@ -248,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
     }
     for_each_state([&](int r, int col, float& x0, float& x1) { store_pair(st, r, col, x0, x1); });
     wgmma::fence_shared_for_async();
-    HandOver::sync_unaligned();  // chunk ci's stage, and the state slice from every chain warp
+    hand_over(&s.hand_over, ci);  // chunk ci's stage, and the state slice from every chain warp
     // The state slice to the workspace: lane b < 4 of each chain warp copies
     // 8-row block 4 w + b (kVt · 16 contiguous bytes on both sides; st was
     // made visible to the async proxy before the hand-over). Read by the

@@ -17,7 +17,7 @@
 //        while WG1 forms Vd; the row sums; dP += dO_h Vdᵀ; the tail's Γ ⊙ dP,
 //        sym(dA β Γ) (with K̂ K̂ᵀ formed again in its registers), dβ and dγ → dg.
 // Each half starts at a CTA barrier; inside it WG1 and WG2 hand Vd and dR to
-// each other (arrive / sync) and WG0 waits for no one. The l2norm backward of
+// each other (mbarriers: arrive / wait) and WG0 waits for no one. The l2norm backward of
 // dq (WG0) and dk (WG1) runs on the accumulators, whose rows each warp holds
 // whole. Beside the chains (BackwardArgs::chain_progress; where they leave
 // half the SMs idle) each CTA takes its item from a ticket in readiness order
@@ -29,6 +29,7 @@
 #include <algorithm>
 
 #include "cuda/sm90/gdn_bwd_tc/common.cuh"
+#include "cuda/sm90/tma_load.cuh"
 #include "cuda/sm90/warp_specialization.cuh"
 #include "cuda/sm90/warpgroup_mma.cuh"
 
@@ -64,6 +65,9 @@ struct GradsSmem {
   float pdp_col[4][kChunk], dar_col[4][kChunk];
   float red[4], carry;
   float rs_q[kChunk], rs_k[kChunk];  // the rows' l2norm factors rsqrt(Σx² + 1e-6) (use_qk_l2norm)
+  // The value-head loop's hand-overs (mbarriers): every role's CTA barriers
+  // (all threads), role 1's Vd to role 2 and role 2's dR to role 1.
+  uint64_t all_roles, vd_ready, dr_ready;
 };
 static_assert(sizeof(GradsSmem) <= 227 * 1024, "fits one SM's shared memory");
 extern __shared__ __align__(128) unsigned char grads_smem[];
@@ -281,8 +285,11 @@ __device__ __forceinline__ void land_copies() {
 }
 
 // A barrier of the whole CTA that the warpgroups reach from their own code
-// (each role's loop is its own instructions: barrier.sync, not the aligned bar.sync).
-__device__ __forceinline__ void sync_all() { asm volatile("barrier.sync 0;\n" ::: "memory"); }
+// (each role's loop is its own instructions): GradsSmem::all_roles, every
+// thread arriving and waiting. A value head's loop passes it six times (two
+// halves' B0, then T0 to T3), so each use's parity is fixed: B0 the half's,
+// T0 and T2 0, T1 and T3 1.
+__device__ __forceinline__ void sync_all(uint64_t* bar, uint32_t parity) { ws::mbarrier_arrive_and_wait(bar, parity); }
 
 // What every role reads: the chunk, the arguments and the shared memory.
 struct Ctx {
@@ -400,9 +407,11 @@ __device__ __forceinline__ void add_rows(float (&arr)[kChunk], const float (&v)[
 // their own instructions: barrier.sync).
 using Role2Barrier = ws::NamedBarrier<1, 1, 128>;
 using Role1Barrier = ws::NamedBarrier<2, 1, 128>;
-using VdReady = ws::NamedBarrier<3, 1, 256>;  // vd, vdb written (role 1) / read next (role 2)
-using DrReady = ws::NamedBarrier<4, 1, 256>;  // dr, dks written (role 2) / read next (role 1)
-static_assert(ws::named_barriers_disjoint<Role2Barrier, Role1Barrier, VdReady, DrReady>(), "named barrier ids overlap");
+static_assert(ws::named_barriers_disjoint<Role2Barrier, Role1Barrier>(), "named barrier ids overlap");
+// Role 1 and role 2 hand over on mbarriers (GradsSmem::vd_ready: vd, vdb
+// written by role 1, read next by role 2; dr_ready: dr, dks written by role 2,
+// read next by role 1), one use a half: parity = the half (the next half's
+// arrivals come after B0, which the waiting side reaches only after its wait).
 
 // The tiles a phase works on, formed where it starts from an opaque offset
 // into the shared memory (smem_again): ptxas would otherwise keep every tile's
@@ -461,7 +470,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
 #pragma unroll 1
     for (int half = 0; half < 2; ++half) {
       if constexpr (kRole == 0) land_copies();
-      sync_all();  // B0: the half's stage, M and the gates in place
+      sync_all(&smem_again().all_roles, half);  // B0: the half's stage, M and the gates in place
       // The next half's operands into the other stage (its last reader finished before B0).
       if constexpr (kRole == 0) {
         const bool next_head = half == 1;
@@ -512,7 +521,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
           store_bf16_pair(vdb, r, c, b.v[hh] * x0, b.v[hh] * x1);
         });
         wgmma::fence_shared_for_async();
-        VdReady::arrive();
+        ws::mbarrier_arrive(&smem_again().vd_ready);
       } else if constexpr (kRole == 2) { HALF_TILES
         const RowVals b = rows_of(s.b);
         for_each_acc<64>(xa, [&](int j, int hh, int, int, float& x0, float& x1) {
@@ -544,11 +553,11 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
           store_bf16_pair(dks, r, c, e * d0, e * d1);
         });
         wgmma::fence_shared_for_async();
-        DrReady::arrive();  // role 1's phase D waits for nothing else
+        ws::mbarrier_arrive(&smem_again().dr_ready);  // role 1's phase D waits for nothing else
         const int cv0 = kHalf * half;
         store_acc_rows<64>(xa, a.dv, a.dv_dtype, cr.row * a.dv_sb + cr.t0 * a.dv_st + hv * a.dv_sh + cv0, a.dv_st,
                            dv_pairs, L, [&](int r) { return s.beta[r]; });
-        VdReady::sync_unaligned();  // kst, vd
+        tma::wait(&smem_again().vd_ready, half);  // kst, vd
         wg_gemm<64, kK, kK, kHalf / 16>(dpa, dO, vd);  // dP += dO Vdᵀ under the row sums; waited in phase D
         float row_u[2] = {0.f, 0.f}, row_k[2] = {0.f, 0.f};
         for_each_acc<64>(xa, [&](int, int hh, int r, int c, float& d0, float& d1) {
@@ -568,7 +577,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
 
       // Phase D: role 1 dk += dks S_hᵀ, dA += dR Vdᵀ; role 2 waits for dP += dO Vdᵀ.
       if constexpr (kRole == 1) { HALF_TILES
-        DrReady::sync_unaligned();  // dr, dks
+        tma::wait(&smem_again().dr_ready, half);  // dr, dks
         wg_gemm<128, kK, kK, kHalf / 16>(acc_main, dks, S);
         wg_gemm<64, kK, kK, kHalf / 16>(daa, dr, vd);
         wgmma::wait<0>();
@@ -578,7 +587,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         wait_all_wgmma(dpa);
       }
     }
-    sync_all();  // T0: the halves' tiles free (dqk, dasym and the fp32 tile alias them), M free
+    sync_all(&smem_again().all_roles, 0);  // T0: the halves' tiles free (dqk, dasym and the fp32 tile alias them), M free
     if constexpr (kRole == 0) {
       if (hv + 1 < x.hv_end) issue_m<128>(x, hv + 1);
     }
@@ -642,7 +651,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
       }
       wgmma::fence_shared_for_async();
     }
-    sync_all();  // T1: dqk, scratch, the row and column sums
+    sync_all(&smem_again().all_roles, 1);  // T1: dqk, scratch, the row and column sums
 
     // Tail 2: role 0 dq += dqk K̂; role 1 dk += dqkᵀ Q̂; role 2 dasym = β_i dAΓ_ij +
     // β_j dAΓ_ji, then (its first warp) dβ, dγ and dg.
@@ -727,7 +736,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
         }
       }
     }
-    sync_all();  // T2: dasym
+    sync_all(&smem_again().all_roles, 0);  // T2: dasym
 
     // Tail 3: role 1 dk += dasym K̂.
     if constexpr (kRole == 1) { PHASE_TILES
@@ -735,7 +744,7 @@ __device__ __forceinline__ void run_role(const Ctx& x, float (&acc_main)[64]) {
                                          k);
       wait_all_wgmma(acc_main);
     }
-    sync_all();  // T3: the tail's tiles free for the next value head
+    sync_all(&smem_again().all_roles, 1);  // T3: the tail's tiles free for the next value head
   }
 }
 
@@ -842,6 +851,12 @@ template <bool kBeside>
 __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_grads_wg_kernel(const BackwardArgs a) {
   GradsSmem& s = *reinterpret_cast<GradsSmem*>(grads_smem);
   const ForwardArgs& f = a.f;
+  if (threadIdx.x == 0) {  // (the barriers below order it before any use)
+    tma::barrier_init(&s.all_roles, kThreads);
+    tma::barrier_init(&s.vd_ready, 128);
+    tma::barrier_init(&s.dr_ready, 128);
+    tma::fence_barrier_init();
+  }
   __shared__ ChunkRef chunk;
   int64_t h, slot;
   if constexpr (kBeside) {

@@ -56,6 +56,34 @@ struct PipelineState {
   }
 };
 
+// A two-sided hand-over on an mbarrier initialised with the count of threads
+// that take part: each arrives (release: its prior writes) and waits for the
+// phase to complete (acquire: everyone's), like a named barrier reached at
+// different instructions, which PTX leaves undefined for the aligned bar.sync
+// and compute-sanitizer's racecheck does not always take as ordering. Use
+// number u of the barrier waits for parity u & 1: no thread arrives for use
+// u + 1 before phase u has completed, since it waited for it.
+__device__ __forceinline__ void mbarrier_arrive_and_wait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bar));
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "mbarrier.arrive.shared::cta.b64 _, [%0];\n"
+      "HAND_OVER_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra.uni HAND_OVER_WAIT;\n"
+      "}\n" ::"r"(addr),
+      "r"(parity)
+      : "memory");
+}
+
+// One arrival on an mbarrier (release: this thread's prior writes), for a
+// hand-over one way: the other side waits for the phase (tma::wait).
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(bar)))
+               : "memory");
+}
+
 // The registers a thread gets at launch with kThreads threads a CTA and one CTA
 // an SM: the register file over the threads, rounded down to 8. setmaxnreg.inc
 // takes registers only from those the CTA's own .dec released (it waits
