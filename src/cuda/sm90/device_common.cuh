@@ -1,5 +1,6 @@
-// Device helpers shared by the forward kernels: dtype-generic scalar loads and
-// stores, cu_seqlens reads, the beta activation and state-tensor offsets.
+// Device helpers shared by the forward and backward kernels: dtype-generic scalar
+// loads and stores, cu_seqlens reads, the beta activation, state-tensor offsets
+// and the simple kernels' chunk preparation.
 #pragma once
 
 #include <cstdint>
@@ -148,6 +149,33 @@ __device__ __forceinline__ int64_t state_row(const void* state_indices, bool is_
   if (state_indices == nullptr) return n;
   const int64_t slot = load_index(state_indices, is_int64, n);
   return slot >= 0 && slot < pool_slots ? slot : -1;
+}
+
+// The simple kernels' chunk preparation, on fp32 rows of a chunk in shared
+// memory (row stride ld): rows r < L of q and k times rsqrt(Σx² + 1e-6), one
+// warp a row, as the forward normalises (kThreads: the CTA's threads, every
+// one calling).
+template <int kThreads>
+__device__ __forceinline__ void normalize_qk_rows_fp32(float* q, float* k, int L, int64_t K, int64_t ld) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  for (int r = warp; r < L; r += kThreads / 32) {
+    for (int which = 0; which < 2; ++which) {
+      float* m = which == 0 ? q : k;
+      float ss = 0.f;
+      for (int64_t x = lane; x < K; x += 32) ss += m[r * ld + x] * m[r * ld + x];
+      for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      const float rs = rsqrtf(ss + 1e-6f);
+      for (int64_t x = lane; x < K; x += 32) m[r * ld + x] *= rs;
+    }
+  }
+}
+
+// gamma[0 .. kChunk) becomes its inclusive cumsum over the chunk's L rows, the
+// padded rows repeating the last value (one thread).
+template <int kChunk>
+__device__ __forceinline__ void chunk_cumsum_serial(float* gamma, int L) {
+  float acc = 0.f;
+  for (int r = 0; r < kChunk; ++r) gamma[r] = (acc += r < L ? gamma[r] : 0.f);
 }
 
 // Offset of state element (key x, value c) of sequence n, value head hv, in a

@@ -93,23 +93,8 @@ __global__ void __launch_bounds__(kThreads) gdn_fwd_simple_kernel(const ForwardA
                        : 0.f;
     }
     __syncthreads();
-    if (a.use_qk_l2norm) {  // one warp per row: x · rsqrt(Σx² + 1e-6)
-      const int warp = tid / 32, lane = tid % 32;
-      for (int r = warp; r < L; r += kThreads / 32) {
-        for (int which = 0; which < 2; ++which) {
-          float* m = which == 0 ? s.q : s.k;
-          float ss = 0.f;
-          for (int64_t x = lane; x < K; x += 32) ss += m[r * ldk + x] * m[r * ldk + x];
-          for (int off = 16; off > 0; off /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, off);
-          const float rs = rsqrtf(ss + 1e-6f);
-          for (int64_t x = lane; x < K; x += 32) m[r * ldk + x] *= rs;
-        }
-      }
-    }
-    if (tid == 0) {  // inclusive cumsum; padded rows repeat the last value
-      float acc = 0.f;
-      for (int r = 0; r < kChunk; ++r) s.gamma[r] = (acc += r < L ? s.gamma[r] : 0.f);
-    }
+    if (a.use_qk_l2norm) normalize_qk_rows_fp32<kThreads>(s.q, s.k, L, K, ldk);
+    if (tid == 0) chunk_cumsum_serial<kChunk>(s.gamma, L);
     __syncthreads();
 
     // --- A = StrictLower(diag(β) (K Kᵀ ⊙ Γ)) ------------------------------------
