@@ -431,21 +431,27 @@ cmd_bwd_compare() {
     done
   done
   echo
-  for round in $(seq 1 "${BWD_ROUNDS:-2}"); do
-    echo "round ${round}: backward ms, $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)"
-    printf "%-22s" "shape"
-    for name in "${names[@]}"; do printf " %10s" "${name}"; done
-    echo
-    local shapes
-    mapfile -t shapes < <(awk '{print $1 "_" $2}' "${out}/latency-${names[0]}-${round}.log")
-    local i
-    for i in "${!shapes[@]}"; do
-      printf "%-22s" "${shapes[$i]}"
-      for name in "${names[@]}"; do
-        printf " %10s" "$(awk -v row=$((i + 1)) 'NR == row { for (f = 1; f < NF; ++f) if ($f == "bwd") print $(f + 1) }' \
-          "${out}/latency-${name}-${round}.log")"
-      done
+  local metric card
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  # The backward's times, then the forward's on the same inputs (backward_latency
+  # times both; a candidate that touches a kernel both use shows in each).
+  for metric in bwd fwd; do
+    for round in $(seq 1 "${BWD_ROUNDS:-2}"); do
+      echo "round ${round}: $([[ ${metric} == bwd ]] && echo backward || echo forward) ms, ${card}"
+      printf "%-22s" "shape"
+      for name in "${names[@]}"; do printf " %10s" "${name}"; done
       echo
+      local shapes
+      mapfile -t shapes < <(awk '{print $1 "_" $2}' "${out}/latency-${names[0]}-${round}.log")
+      local i
+      for i in "${!shapes[@]}"; do
+        printf "%-22s" "${shapes[$i]}"
+        for name in "${names[@]}"; do
+          printf " %10s" "$(awk -v row=$((i + 1)) -v m="${metric}" \
+            'NR == row { for (f = 1; f < NF; ++f) if ($f == m) print $(f + 1) }' "${out}/latency-${name}-${round}.log")"
+        done
+        echo
+      done
     done
   done
 }
