@@ -1,7 +1,8 @@
 // Building blocks of warp-specialised sm_90 kernels: named barriers declared
 // with the ids they use and the threads that join them, the register split
-// between warpgroups (setmaxnreg), and the (stage, phase) of a multi-stage
-// pipeline on mbarriers.
+// between warpgroups (setmaxnreg), hand-overs on mbarriers between warp roles
+// that reach them at different instructions, and the (stage, phase) of a
+// multi-stage pipeline on mbarriers.
 #pragma once
 
 #include <cstdint>
@@ -17,12 +18,6 @@ struct NamedBarrier {
   static constexpr int first = kFirst, count = kCount, threads = kThreads;
   __device__ __forceinline__ static void sync(int instance = 0) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(kFirst + instance), "r"(kThreads) : "memory");
-  }
-  // Where the threads reach the barrier at different instructions (a producer's
-  // and a consumer's wait for one hand-over): bar.sync is barrier.sync.aligned,
-  // which PTX defines only for threads executing the same instruction.
-  __device__ __forceinline__ static void sync_unaligned(int instance = 0) {
-    asm volatile("barrier.sync %0, %1;\n" ::"r"(kFirst + instance), "r"(kThreads) : "memory");
   }
   __device__ __forceinline__ static void arrive(int instance = 0) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(kFirst + instance), "r"(kThreads) : "memory");
