@@ -79,6 +79,15 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       each kernel matching REGEX (default gdn_bwd_tc), its details and per-line
       SASS as CSV and a short summary (time, SM and memory throughput, occupancy,
       top stall reasons) per kernel. Default $OUT: /tmp/flashqla-ncu-bwd.
+  h200-figures [--budget S] [--any-card] [STEP...]
+      The figures the docs owe from an H200, in the fewest calls: the STEPs in
+      order (default: serving check scale-long), each skipped where its usual
+      time no longer fits the budget (S seconds, default 560), each writing its
+      results as it goes. Steps: serving (bench-serving), check (check
+      --cpp-only: the C++ suite and the sanitizers), sanitize, scale-long (scale
+      --cases oom,long), scale-wide (scale --cases wide). On any other card it
+      stops at once (exit 3) unless --any-card. Default $OUT: benchmarks/results
+      (check's logs in $OUT/check).
   iterate
       The kernel loop (about a minute): build the library, its tests and the
       fused kernel's tools, run the GPU tests of the C++ suite, then the kernel's
@@ -673,6 +682,50 @@ for (i, name), vals in by.items():
 PY
 }
 
+# --- h200-figures ------------------------------------------------------------
+cmd_h200_figures() {
+  local budget=${H200_FIGURES_SECONDS:-560} any_card=0 steps=()
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --budget) budget=${2:?--budget needs seconds}; shift ;;
+      --any-card) any_card=1 ;;
+      serving|check|sanitize|scale-long|scale-wide) steps+=("$1") ;;
+      *) echo "usage: scripts/gpu.sh h200-figures [--budget S] [--any-card] [STEP...]"; exit 2 ;;
+    esac
+    shift
+  done
+  [[ ${#steps[@]} -gt 0 ]] || steps=(serving check scale-long)
+  local card
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  if [[ ${any_card} -eq 0 && "${card}" != *H200* ]]; then
+    echo "not an H200 (${card:-no GPU found}): no run"
+    exit 3
+  fi
+  local out="${OUT:-benchmarks/results}" start=${SECONDS} step need left rc
+  mkdir -p "${out}"
+  for step in "${steps[@]}"; do
+    # A step's usual seconds on the GPU machine (H100 runs), its command's limit the rest of the budget.
+    case "${step}" in
+      serving) need=200 ;; check) need=420 ;; sanitize) need=300 ;; scale-long) need=240 ;; scale-wide) need=300 ;;
+    esac
+    left=$((budget - (SECONDS - start)))
+    if [[ ${need} -gt ${left} ]]; then
+      echo "== ${step}: skipped (about ${need} s, ${left} s left)"
+      continue
+    fi
+    echo "== ${step} (${card})"
+    case "${step}" in
+      serving) OUT="${out}" timeout "${left}" bash "${FQ_GPU_SELF}" bench-serving | tail -n 12 ;;
+      check) OUT="${out}/check" timeout "${left}" bash "${FQ_GPU_SELF}" check --cpp-only | tail -n 8 ;;
+      sanitize) OUT="${out}/check" timeout "${left}" bash "${FQ_GPU_SELF}" sanitize | tail -n 4 ;;
+      scale-long) OUT="${out}" timeout "${left}" bash "${FQ_GPU_SELF}" scale --cases oom,long | tail -n 12 ;;
+      scale-wide) OUT="${out}" timeout "${left}" bash "${FQ_GPU_SELF}" scale --cases wide | tail -n 12 ;;
+    esac
+    rc=${PIPESTATUS[0]}
+    echo "== ${step}: rc ${rc} after $((SECONDS - start)) s"
+  done
+}
+
 # --- sanitize ----------------------------------------------------------------
 cmd_sanitize() {
   local out="${OUT:-/tmp/flashqla-sanitize}" build=build-gpu
@@ -728,6 +781,7 @@ case "${command}" in
   compare) cmd_compare "$@" ;;
   ncu) cmd_ncu "$@" ;;
   ncu-bwd) cmd_ncu_bwd "$@" ;;
+  h200-figures) cmd_h200_figures "$@" ;;
   sanitize) cmd_sanitize "$@" ;;
   -h|--help|help) usage ;;
   *) usage >&2; exit 2 ;;
