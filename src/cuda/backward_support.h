@@ -48,13 +48,19 @@ inline std::string tensor_core_backward_refusal(const BackwardArgs& a) {
   return "";
 }
 
+// The chain kernel's CTAs at `columns` value columns a CTA: both directions,
+// 128 / columns V tiles a (sequence, value head).
+inline int64_t chain_ctas(int64_t N, int64_t HV, int columns) { return 2 * (128 / columns) * N * HV; }
+
+// Whether ctas CTAs, one an SM, leave at least half of the GPU's SMs idle.
+inline bool leave_half_the_sms_idle(int64_t ctas, int sm_count) { return sm_count > 0 && 2 * ctas <= sm_count; }
+
 // The chains' value columns a CTA: 32, unless the 32-column chains would fill
 // fewer than half of the GPU's SMs (one CTA a SM: few (sequence, value head)
 // pairs), then 16. forced (16 or 32) overrides; other values are ignored.
 inline int chains_value_columns(int64_t N, int64_t HV, int sm_count, int64_t forced) {
   if (forced == 16 || forced == 32) return static_cast<int>(forced);
-  const int64_t ctas = 2 * (128 / 32) * N * HV;  // both directions
-  return sm_count > 0 && 2 * ctas <= sm_count ? 16 : 32;
+  return leave_half_the_sms_idle(chain_ctas(N, HV, 32), sm_count) ? 16 : 32;
 }
 
 // Whether the grads kernel runs beside the chains (on the SMs their CTAs leave
@@ -63,8 +69,7 @@ inline int chains_value_columns(int64_t N, int64_t HV, int sm_count, int64_t for
 // forced 0 or 1 overrides; other values are ignored.
 inline bool grads_beside_chains(int64_t N, int64_t HV, int chain_columns, int sm_count, int64_t forced) {
   if (forced == 0 || forced == 1) return forced == 1;
-  const int64_t ctas = 2 * (128 / chain_columns) * N * HV;
-  return sm_count > 0 && 2 * ctas <= sm_count;
+  return leave_half_the_sms_idle(chain_ctas(N, HV, chain_columns), sm_count);
 }
 
 }  // namespace flashqla::cuda
