@@ -10,6 +10,8 @@
 //   flashqla::gdn_fwd_kernel_choice -> (kernel, pieces, piece_chunks, lengths_guessed,
 //                                       workspace_bytes, reason): what gdn_fwd with the
 //                                       same arguments runs (flashqla_gdn_fwd_kernel_choice)
+//   flashqla::gdn_bwd_kernel_choice -> (kernel, workspace_bytes, reason): what gdn_bwd
+//                                       after that forward runs (flashqla_gdn_bwd_kernel_choice)
 //
 // Outputs are allocated here on the inputs' device; final_state / dh0 are fp32
 // (fp64 for fp64 inputs), 0-element when not requested / without an initial state.
@@ -391,6 +393,37 @@ std::tuple<std::string, std::string, int64_t, bool, int64_t, std::string> gdn_fw
           static_cast<int64_t>(choice.workspace_bytes), choice.reason};
 }
 
+// What gdn_bwd with the forward's arguments runs: the C API's backward kernel
+// choice over the tensors gdn_bwd would hand it, the inputs judged as in
+// gdn_fwd_kernel_choice, do (which autograd hands over fresh) and the gradients
+// it would allocate as fresh contiguous tensors; without running, copying or
+// synchronising anything. Returns (kernel name, workspace bytes, why not the
+// tensor-core backward ("" when it runs)).
+std::tuple<std::string, int64_t, std::string> gdn_bwd_kernel_choice(
+    Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, double scale, std::optional<Tensor> initial_state,
+    std::optional<Tensor> cu_seqlens, std::optional<Tensor> cu_seqlens_cpu, bool state_v_first, bool use_qk_l2norm,
+    int64_t beta_activation) {
+  const Tensor fresh = torch::stable::new_empty(q, {1});
+  flashqla_gdn_bwd_params_t p;
+  flashqla_gdn_bwd_params_init(&p);
+  p.fwd = common_params(q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu, state_v_first,
+                        use_qk_l2norm, beta_activation, &fresh);
+  const flashqla_gdn_fwd_params_t& f = p.fwd;
+  p.d_o = describe_fresh("do", 4, fresh, {f.B, f.T, f.HV, f.V}, q.scalar_type());
+  p.dq = describe_fresh("dq", 4, fresh, {f.B, f.T, f.H, f.K}, q.scalar_type());
+  p.dk = describe_fresh("dk", 4, fresh, {f.B, f.T, f.H, f.K}, k.scalar_type());
+  p.dv = describe_fresh("dv", 4, fresh, {f.B, f.T, f.HV, f.V}, v.scalar_type());
+  p.dg = describe_fresh("dg", 3, fresh, {f.B, f.T, f.HV}, g.scalar_type());
+  p.dbeta = describe_fresh("dbeta", 3, fresh, {f.B, f.T, f.HV}, beta.scalar_type());
+  if (initial_state.has_value()) {
+    p.d_initial_state =
+        describe_fresh("dh0", 4, fresh, state_shape(f, initial_state->size(0), state_v_first), state_dtype(q));
+  }
+  flashqla_gdn_bwd_kernel_choice_t choice;
+  check(flashqla_gdn_bwd_kernel_choice(&p, &choice));
+  return {choice.kernel_name, static_cast<int64_t>(choice.workspace_bytes), choice.reason};
+}
+
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> gdn_bwd(
     Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, double scale,
     std::optional<Tensor> initial_state, std::optional<Tensor> cu_seqlens,
@@ -453,6 +486,11 @@ STABLE_TORCH_LIBRARY(flashqla, m) {
       "Tensor? initial_state, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, "
       "bool output_final_state, bool state_v_first, bool use_qk_l2norm, int beta_activation) "
       "-> (str kernel, str pieces, int piece_chunks, bool lengths_guessed, int workspace_bytes, str reason)");
+  m.def(
+      "gdn_bwd_kernel_choice(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
+      "Tensor? initial_state, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, "
+      "bool state_v_first, bool use_qk_l2norm, int beta_activation) "
+      "-> (str kernel, int workspace_bytes, str reason)");
 }
 
 // The same functions serve both devices: the C API picks its backend from
@@ -462,6 +500,7 @@ STABLE_TORCH_LIBRARY_IMPL(flashqla, CPU, m) {
   m.impl("gdn_fwd_pooled", TORCH_BOX(&gdn_fwd_pooled));
   m.impl("gdn_bwd", TORCH_BOX(&gdn_bwd));
   m.impl("gdn_fwd_kernel_choice", TORCH_BOX(&gdn_fwd_kernel_choice));
+  m.impl("gdn_bwd_kernel_choice", TORCH_BOX(&gdn_bwd_kernel_choice));
 }
 
 STABLE_TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
@@ -469,4 +508,5 @@ STABLE_TORCH_LIBRARY_IMPL(flashqla, CUDA, m) {
   m.impl("gdn_fwd_pooled", TORCH_BOX(&gdn_fwd_pooled));
   m.impl("gdn_bwd", TORCH_BOX(&gdn_bwd));
   m.impl("gdn_fwd_kernel_choice", TORCH_BOX(&gdn_fwd_kernel_choice));
+  m.impl("gdn_bwd_kernel_choice", TORCH_BOX(&gdn_bwd_kernel_choice));
 }

@@ -345,6 +345,41 @@ FLASHQLA_API flashqla_status_t flashqla_gdn_fwd_kernel_choice(
 FLASHQLA_API flashqla_status_t flashqla_gdn_fwd_kernel_name(
     const flashqla_gdn_fwd_params_t* params, const char** name);
 
+/* The backward kernels. */
+typedef enum flashqla_bwd_kernel_t {
+  /* CPU backend, FLASHQLA_CPU_ALGORITHM_CHUNKED: "cpu_chunked". */
+  FLASHQLA_BWD_KERNEL_CPU_CHUNKED = 0,
+  /* CPU backend, FLASHQLA_CPU_ALGORITHM_RECURRENT: "cpu_recurrent". */
+  FLASHQLA_BWD_KERNEL_CPU_RECURRENT = 1,
+  /* CUDA backend, the tensor-core backward (the fast one): "sm90_tensor_core". */
+  FLASHQLA_BWD_KERNEL_SM90_TENSOR_CORE = 2,
+  /* CUDA backend, every call the tensor-core backward does not cover (fp32 on
+   * CUDA cores, far slower): "sm90_simple". */
+  FLASHQLA_BWD_KERNEL_SM90_SIMPLE = 3
+} flashqla_bwd_kernel_t;
+
+/* What a backward call with given params runs: filled by
+ * flashqla_gdn_bwd_kernel_choice(). */
+typedef struct flashqla_gdn_bwd_kernel_choice_t {
+  flashqla_backend_t backend;  /* the backend the params resolve to (never AUTO) */
+  flashqla_bwd_kernel_t kernel;
+  const char* kernel_name;     /* "cpu_chunked", ..., "sm90_simple" (static) */
+  /* What flashqla_gdn_bwd_workspace_size() reports for these params. */
+  size_t workspace_bytes;
+  /* "" for the tensor-core backward; otherwise why the call does not run it,
+   * e.g. "q, k, v: float16: the tensor-core backward takes bfloat16". */
+  char reason[FLASHQLA_REASON_CAPACITY];
+} flashqla_gdn_bwd_kernel_choice_t;
+
+/* Which kernel a backward call with these params runs, and why not the
+ * tensor-core backward when it does not. Validates the params as
+ * flashqla_gdn_bwd() does (pointers included: the alignment of q, k, v and
+ * d_o rows is judged, so pass the tensors the call will get) and fails where
+ * it would fail before any work. Cheap: reads no device memory, never
+ * synchronises and launches nothing. */
+FLASHQLA_API flashqla_status_t flashqla_gdn_bwd_kernel_choice(
+    const flashqla_gdn_bwd_params_t* params, flashqla_gdn_bwd_kernel_choice_t* choice);
+
 /* Message of the last failing call on this thread ("" if none). The string
  * stays valid until the next flashqla call on the same thread. */
 FLASHQLA_API const char* flashqla_last_error_message(void);

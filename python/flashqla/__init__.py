@@ -14,10 +14,12 @@ import warnings as _warnings
 
 from . import ops  # noqa: F401  (loads the binding, registers fake impls and autograd)
 from .gated_delta_rule import (
+    BackwardKernelChoice,
     KernelChoice,
     chunk_gated_delta_rule,
     chunk_gated_delta_rule_bwd,
     chunk_gated_delta_rule_fwd,
+    backward_kernel_choice,
     kernel_choice,
 )
 from .context_parallel import chunk_gated_delta_rule_cp
@@ -33,6 +35,8 @@ __all__ = [
     "chunk_gated_delta_rule_cp",
     "kernel_choice",
     "KernelChoice",
+    "backward_kernel_choice",
+    "BackwardKernelChoice",
     "__version__",
 ]
 

@@ -69,7 +69,8 @@ def _split(own_names: list[str], bound: dict[str, Any]) -> tuple[dict[str, Any],
 
 
 def _cuda_refusal(choose: Callable[[], _gdr.KernelChoice], use_gate_in_kernel: bool,
-                  capability: tuple[int, int], *, training: bool) -> str | None:
+                  capability: tuple[int, int], *, training: bool,
+                  choose_backward: Callable[[], _gdr.BackwardKernelChoice] | None = None) -> str | None:
     """Why FLA's dispatch keeps a CUDA call that flashqla could compute (None: flashqla
     takes it). Policy only: which kernel runs the call, and how, is the core's answer
     (``choose()``: the C API's kernel choice for the call, ``flashqla.kernel_choice``),
@@ -84,8 +85,10 @@ def _cuda_refusal(choose: Callable[[], _gdr.KernelChoice], use_gate_in_kernel: b
     equal, and on uneven pairs at 24 heads that was slower than FLA,
     ``bench_fwd.py --no-host-lengths``, docs/perf.md). Training calls (``training``:
     inputs that require gradients, under grad mode, so the backward runs too) stay with
-    FLA until flashqla's backward is measured faster than FLA's
-    (``_library.CUDA_BACKWARD_BEATS_FLA``)."""
+    FLA unless flashqla's backward is measured faster than FLA's
+    (``_library.CUDA_BACKWARD_BEATS_FLA``) and the tensor-core backward runs them
+    (``choose_backward()``: the C API's backward kernel choice, ``flashqla.backward_kernel_choice``;
+    the simple backward, fp32 on CUDA cores, is far slower than FLA's)."""
     if not _library.CUDA_FORWARD_BEATS_FLA:
         return ("its sm_90a forward is not yet faster than FLA's own kernels on every published shape "
                 "(see flashqla's docs/perf.md)")
@@ -99,6 +102,11 @@ def _cuda_refusal(choose: Callable[[], _gdr.KernelChoice], use_gate_in_kernel: b
     if choice.kernel != "sm90_fused":
         return (f"its fast kernel does not run this call ({choice.reason}); FLA is faster than its "
                 f"{choice.kernel} kernel")
+    if training and choose_backward is not None:
+        backward = choose_backward()
+        if backward.kernel != "sm90_tensor_core":
+            return (f"these inputs require gradients and its tensor-core backward does not run them "
+                    f"({backward.reason}); FLA's backward is faster than its {backward.kernel} backward")
     if use_gate_in_kernel and not _library.CUDA_FUSED_GATE_BEATS_FLA:
         return "its fused-gate path (use_gate_in_kernel) is not faster than FLA's on every published shape"
     if choice.lengths_guessed:
@@ -193,7 +201,8 @@ def _make_backend(BaseBackend):
                         refusal = _cuda_refusal(lambda: _gdr._kernel_choice(c),
                                                 bool(rest.get("use_gate_in_kernel", False)),
                                                 torch.cuda.get_device_capability(c.q.device),
-                                                training=_is_training_call(c, rest))
+                                                training=_is_training_call(c, rest),
+                                                choose_backward=lambda: _gdr._backward_kernel_choice(c))
                     else:
                         _gdr._kernel_choice(c)
                         refusal = None

@@ -54,6 +54,11 @@ class _Call:
                 self.cu_seqlens_cpu, self.output_final_state, self.state_v_first, self.use_qk_l2norm,
                 self.beta_activation)
 
+    def bwd_choice_args(self) -> tuple:
+        """The arguments of the backward's kernel choice op, in the op's order."""
+        return (self.q, self.k, self.v, self.g, self.beta, self.scale, self.initial_state, self.cu_seqlens,
+                self.cu_seqlens_cpu, self.state_v_first, self.use_qk_l2norm, self.beta_activation)
+
 
 def _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
              use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu,
@@ -334,6 +339,54 @@ def _kernel_choice(c: _Call) -> KernelChoice:
     """The kernel choice of a prepared call (the forward's own arguments, so the binding
     judges the tensors it would hand the kernel). Never traced: it reads pointers."""
     return KernelChoice(*call_op(ops.gdn_fwd_kernel_choice, *c.op_args()))
+
+
+class BackwardKernelChoice(NamedTuple):
+    """What flashqla's backward runs after a forward call: the C API's
+    ``flashqla_gdn_bwd_kernel_choice`` over the tensors the backward op would hand it."""
+
+    kernel: str           # "cpu_chunked", "cpu_recurrent", "sm90_tensor_core" (the fast one), "sm90_simple"
+    workspace_bytes: int  # the workspace the backward allocates
+    reason: str           # why not the tensor-core backward ("" when it runs)
+
+
+@torch.compiler.disable
+def _backward_kernel_choice(c: _Call) -> BackwardKernelChoice:
+    """The backward's kernel choice after a prepared forward call (do and the gradients
+    taken as the fresh contiguous tensors autograd and the op give). Never traced."""
+    return BackwardKernelChoice(*call_op(ops.gdn_bwd_kernel_choice, *c.bwd_choice_args()))
+
+
+def backward_kernel_choice(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    scale: Optional[float] = None,
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_beta_sigmoid_in_kernel: bool = False,
+    allow_neg_eigval: bool = False,
+    state_v_first: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    cu_seqlens_cpu: Optional[torch.Tensor] = None,
+    chunk_indices: Optional[torch.Tensor] = None,
+    cp_context: Any = None,
+    **kwargs: Any,
+) -> BackwardKernelChoice:
+    """Which kernel the backward of ``chunk_gated_delta_rule`` with these arguments runs,
+    and why not the tensor-core sm_90a backward when it does not (the core's own rules:
+    bf16, K = V = 128, 16-byte aligned rows of q, k, v and the incoming gradient, which
+    is taken as autograd hands it over: fresh and contiguous). Same arguments as
+    ``chunk_gated_delta_rule``; raises what it would raise on invalid or unsupported
+    input. Computes nothing, copies nothing and never synchronises (with ``cp_context``:
+    the choice for this rank's shard, as ``kernel_choice``)."""
+    c = _prepare(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm_in_kernel,
+                 use_beta_sigmoid_in_kernel, allow_neg_eigval, state_v_first, cu_seqlens, cu_seqlens_cpu,
+                 chunk_indices, cp_context, kwargs, resolve_gate=False)
+    return _backward_kernel_choice(c)
 
 
 def kernel_choice(

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "api/dispatch.h"
 #include "core/error.h"
@@ -36,6 +37,13 @@ flashqla_status_t guarded(Body&& body) {
   }
 }
 
+// reason, truncated to fit a choice's buffer, NUL-terminated.
+void copy_reason(const std::string& reason, char (&out)[FLASHQLA_REASON_CAPACITY]) {
+  const size_t n = std::min(reason.size(), sizeof(out) - 1);
+  std::memcpy(out, reason.data(), n);
+  out[n] = '\0';
+}
+
 void fill_choice(const api::ForwardCall& call, flashqla_gdn_fwd_kernel_choice_t& choice) {
   choice = flashqla_gdn_fwd_kernel_choice_t{};
   choice.backend = call.problem.backend;
@@ -45,9 +53,16 @@ void fill_choice(const api::ForwardCall& call, flashqla_gdn_fwd_kernel_choice_t&
   choice.piece_chunks = call.piece_chunks;
   choice.lengths_guessed = call.lengths_guessed ? 1 : 0;
   choice.workspace_bytes = call.workspace_bytes;
-  const size_t n = std::min(call.reason.size(), sizeof(choice.reason) - 1);
-  std::memcpy(choice.reason, call.reason.data(), n);
-  choice.reason[n] = '\0';
+  copy_reason(call.reason, choice.reason);
+}
+
+void fill_choice(const api::BackwardCall& call, flashqla_gdn_bwd_kernel_choice_t& choice) {
+  choice = flashqla_gdn_bwd_kernel_choice_t{};
+  choice.backend = call.problem.backend;
+  choice.kernel = call.kernel;
+  choice.kernel_name = api::kernel_name(call.kernel);
+  choice.workspace_bytes = call.workspace_bytes;
+  copy_reason(call.reason, choice.reason);
 }
 
 void check_workspace(const char* entry, size_t needed, const void* workspace, size_t given) {
@@ -126,10 +141,12 @@ flashqla_status_t flashqla_gdn_bwd(const flashqla_gdn_bwd_params_t* params) {
     const flashqla::api::BackwardCall call = flashqla::api::plan_backward(params, entry);
     flashqla::check_workspace(entry, call.workspace_bytes, params->fwd.workspace, params->fwd.workspace_bytes);
     const flashqla::Problem& pr = call.problem;
-    FLASHQLA_PLAN("%s: backend=%s B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld N=%lld varlen=%d h0=%d", entry,
-                  pr.backend == FLASHQLA_BACKEND_CUDA ? "cuda" : "cpu", (long long)pr.B, (long long)pr.T,
-                  (long long)pr.H, (long long)pr.HV, (long long)pr.K, (long long)pr.V, (long long)pr.N,
-                  int(pr.varlen), int(pr.has_initial_state));
+    FLASHQLA_PLAN("%s: backend=%s B=%lld T=%lld H=%lld HV=%lld K=%lld V=%lld N=%lld varlen=%d h0=%d kernel=%s "
+                  "workspace=%zu", entry, pr.backend == FLASHQLA_BACKEND_CUDA ? "cuda" : "cpu", (long long)pr.B,
+                  (long long)pr.T, (long long)pr.H, (long long)pr.HV, (long long)pr.K, (long long)pr.V,
+                  (long long)pr.N, int(pr.varlen), int(pr.has_initial_state), flashqla::api::kernel_name(call.kernel),
+                  call.workspace_bytes);
+    if (!call.reason.empty()) FLASHQLA_PLAN("%s: not the tensor-core backward: %s", entry, call.reason.c_str());
     flashqla::api::run_backward(call, *params);
   });
 }
@@ -149,6 +166,15 @@ flashqla_status_t flashqla_gdn_fwd_kernel_choice(const flashqla_gdn_fwd_params_t
     constexpr const char* entry = "flashqla_gdn_fwd_kernel_choice";
     FLASHQLA_REQUIRE(choice != nullptr, entry, ": choice: pointer is NULL");
     flashqla::fill_choice(flashqla::api::plan_forward(params, entry), *choice);
+  });
+}
+
+flashqla_status_t flashqla_gdn_bwd_kernel_choice(const flashqla_gdn_bwd_params_t* params,
+                                                 flashqla_gdn_bwd_kernel_choice_t* choice) {
+  return guarded([&] {
+    constexpr const char* entry = "flashqla_gdn_bwd_kernel_choice";
+    FLASHQLA_REQUIRE(choice != nullptr, entry, ": choice: pointer is NULL");
+    flashqla::fill_choice(flashqla::api::plan_backward(params, entry), *choice);
   });
 }
 

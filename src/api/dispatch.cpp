@@ -58,10 +58,17 @@ BackwardCall plan_backward(const flashqla_gdn_bwd_params_t* params, const char* 
 #ifdef FLASHQLA_WITH_CUDA
   if (call.problem.backend == FLASHQLA_BACKEND_CUDA) {
     call.cuda = cuda::plan_backward(call.problem, *params, entry);
+    call.kernel = call.cuda.tensor_core ? FLASHQLA_BWD_KERNEL_SM90_TENSOR_CORE : FLASHQLA_BWD_KERNEL_SM90_SIMPLE;
+    call.reason = call.cuda.reason;
     call.workspace_bytes = call.cuda.bytes;
+    return call;
   }
 #endif
-  return call;  // the CPU backend keeps its fp64 scratch on the host heap: no workspace
+  // The CPU backend keeps its fp64 scratch on the host heap: no workspace.
+  call.kernel = params->fwd.cpu_algorithm == FLASHQLA_CPU_ALGORITHM_RECURRENT ? FLASHQLA_BWD_KERNEL_CPU_RECURRENT
+                                                                              : FLASHQLA_BWD_KERNEL_CPU_CHUNKED;
+  call.reason = "the CPU backend computes the call (the tensor-core backward runs CUDA calls only)";
+  return call;
 }
 
 void run_backward(const BackwardCall& call, const flashqla_gdn_bwd_params_t& params) {
@@ -77,6 +84,16 @@ const char* kernel_name(flashqla_fwd_kernel_t kernel) {
     case FLASHQLA_FWD_KERNEL_CPU_RECURRENT: return "cpu_recurrent";
     case FLASHQLA_FWD_KERNEL_SM90_FUSED: return "sm90_fused";
     case FLASHQLA_FWD_KERNEL_SM90_SIMPLE: return "sm90_simple";
+  }
+  return "unknown";
+}
+
+const char* kernel_name(flashqla_bwd_kernel_t kernel) {
+  switch (kernel) {
+    case FLASHQLA_BWD_KERNEL_CPU_CHUNKED: return "cpu_chunked";
+    case FLASHQLA_BWD_KERNEL_CPU_RECURRENT: return "cpu_recurrent";
+    case FLASHQLA_BWD_KERNEL_SM90_TENSOR_CORE: return "sm90_tensor_core";
+    case FLASHQLA_BWD_KERNEL_SM90_SIMPLE: return "sm90_simple";
   }
   return "unknown";
 }

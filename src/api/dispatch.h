@@ -41,6 +41,8 @@ void run_forward(const ForwardCall& call, const flashqla_gdn_fwd_params_t& param
 // One validated backward call and its plan, whichever backend runs it.
 struct BackwardCall {
   Problem problem;
+  flashqla_bwd_kernel_t kernel = FLASHQLA_BWD_KERNEL_CPU_CHUNKED;
+  std::string reason;  // why not the tensor-core backward ("" when it runs)
   size_t workspace_bytes = 0;
 #ifdef FLASHQLA_WITH_CUDA
   cuda::BackwardPlan cuda;  // the CUDA backend's plan (CUDA calls only)
@@ -55,6 +57,8 @@ void run_backward(const BackwardCall& call, const flashqla_gdn_bwd_params_t& par
 
 // "cpu_chunked", "cpu_recurrent", "sm90_fused", "sm90_simple".
 const char* kernel_name(flashqla_fwd_kernel_t kernel);
+// "cpu_chunked", "cpu_recurrent", "sm90_tensor_core", "sm90_simple".
+const char* kernel_name(flashqla_bwd_kernel_t kernel);
 // "none", "passes", "chained".
 const char* pieces_name(flashqla_fwd_pieces_t pieces);
 

@@ -190,6 +190,40 @@ TEST(Api, KernelChoiceOnTheCpu) {
   EXPECT_STREQ(choice.reason, "the CPU backend computes the call (the fused kernel runs CUDA calls only)");
 }
 
+// The backward's kernel choice on the CPU backend: the algorithm asked for, no
+// workspace, why not the tensor-core backward; it validates as the backward does.
+TEST(Api, BackwardKernelChoiceOnTheCpu) {
+  GdnCase c = small_case();
+  for (auto algorithm : {FLASHQLA_CPU_ALGORITHM_CHUNKED, FLASHQLA_CPU_ALGORITHM_RECURRENT}) {
+    flashqla_gdn_bwd_params_t p = c.bwd_params(algorithm);
+    p.fwd.backend = FLASHQLA_BACKEND_AUTO;
+    flashqla_gdn_bwd_kernel_choice_t choice;
+    std::memset(&choice, 0x5a, sizeof(choice));  // every field is written
+    ASSERT_EQ(flashqla_gdn_bwd_kernel_choice(&p, &choice), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+    const bool recurrent = algorithm == FLASHQLA_CPU_ALGORITHM_RECURRENT;
+    EXPECT_EQ(choice.backend, FLASHQLA_BACKEND_CPU);
+    EXPECT_EQ(choice.kernel, recurrent ? FLASHQLA_BWD_KERNEL_CPU_RECURRENT : FLASHQLA_BWD_KERNEL_CPU_CHUNKED);
+    EXPECT_STREQ(choice.kernel_name, recurrent ? "cpu_recurrent" : "cpu_chunked");
+    size_t bytes = 1;
+    ASSERT_EQ(flashqla_gdn_bwd_workspace_size(&p, &bytes), FLASHQLA_STATUS_SUCCESS);
+    EXPECT_EQ(choice.workspace_bytes, bytes);
+    EXPECT_EQ(choice.workspace_bytes, 0u);
+    EXPECT_STREQ(choice.reason, "the CPU backend computes the call (the tensor-core backward runs CUDA calls only)");
+  }
+  flashqla_gdn_bwd_params_t p = c.bwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);
+  flashqla_gdn_bwd_kernel_choice_t choice{};
+  EXPECT_EQ(flashqla_gdn_bwd_kernel_choice(&p, nullptr), FLASHQLA_STATUS_INVALID_ARGUMENT);
+  EXPECT_THAT(flashqla_last_error_message(), HasSubstr("flashqla_gdn_bwd_kernel_choice: choice: pointer is NULL"));
+  // What the backward rejects, the choice rejects with the same status and message.
+  p.d_o.data = nullptr;
+  EXPECT_EQ(flashqla_gdn_bwd(&p), FLASHQLA_STATUS_INVALID_ARGUMENT);
+  const std::string message = flashqla_last_error_message();
+  ASSERT_NE(message.find("flashqla_gdn_bwd: "), std::string::npos) << message;
+  EXPECT_EQ(flashqla_gdn_bwd_kernel_choice(&p, &choice), FLASHQLA_STATUS_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(flashqla_last_error_message()),
+            "flashqla_gdn_bwd_kernel_choice: " + message.substr(std::string("flashqla_gdn_bwd: ").size()));
+}
+
 // The choice agrees with the kernel name and the workspace query on the same params.
 TEST(Api, KernelChoiceAgreesWithKernelNameAndWorkspace) {
   GdnCase c = small_case();

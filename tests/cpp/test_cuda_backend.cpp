@@ -485,6 +485,20 @@ TEST_P(GpuBackward, MatchesCpuOracle) {
 
   size_t ws_bytes = 0;
   ASSERT_EQ(flashqla_gdn_bwd_workspace_size(&p, &ws_bytes), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+  // The kernel choice tells the same plan: the tensor-core backward exactly
+  // where its rules cover the call (bf16, K = V = 128, 16-byte rows), a reason
+  // otherwise, the workspace the query reported.
+  flashqla_gdn_bwd_kernel_choice_t choice{};
+  ASSERT_EQ(flashqla_gdn_bwd_kernel_choice(&p, &choice), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
+  EXPECT_EQ(choice.backend, FLASHQLA_BACKEND_CUDA);
+  EXPECT_EQ(choice.workspace_bytes, ws_bytes) << f.name;
+  const char* forced_kernel = std::getenv("FLASHQLA_BACKWARD_KERNEL");
+  const bool tc_rules = f.dtype == FLASHQLA_DTYPE_BFLOAT16 && f.K == 128 && f.V == 128 && f.row_pad % 8 == 0 &&
+                        !(forced_kernel != nullptr && std::string(forced_kernel) == "simple");
+  EXPECT_EQ(choice.kernel, tc_rules ? FLASHQLA_BWD_KERNEL_SM90_TENSOR_CORE : FLASHQLA_BWD_KERNEL_SM90_SIMPLE)
+      << f.name << ": " << choice.reason;
+  EXPECT_STREQ(choice.kernel_name, tc_rules ? "sm90_tensor_core" : "sm90_simple") << f.name;
+  EXPECT_EQ(choice.reason[0] == '\0', tc_rules) << f.name << ": " << choice.reason;
   const DeviceWorkspace workspace(ws_bytes);
   p.fwd.workspace = workspace.ptr;
   p.fwd.workspace_bytes = workspace.bytes;

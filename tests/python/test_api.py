@@ -196,24 +196,46 @@ def test_kernel_choice_judges_what_the_forward_passes():
     assert o.shape == x["v"].shape
 
 
-@pytest.mark.parametrize("case", ["K_320", "int_v", "bad_cu_seqlens", "strided_cu_seqlens", "cp_context"])
-def test_kernel_choice_refuses_what_the_forward_refuses(case):
+def _refused_inputs(case):
+    """Inputs the forward refuses, one way each."""
     x = make_inputs(cu_seqlens=[0, 30, 100], T=100, H=1, HV=2, K=8, V=8, h0=False)
     if case == "K_320":
-        x = make_inputs(T=4, H=1, HV=1, K=320, V=8, h0=False)
-    elif case == "int_v":
-        x = {**x, "v": x["v"].to(torch.int32)}
-    elif case == "bad_cu_seqlens":
-        x = {**x, "cu_seqlens": torch.tensor([0, 60, 30], dtype=torch.int32)}
-    elif case == "strided_cu_seqlens":  # never copied, so refused by both
-        x = {**x, "cu_seqlens": torch.tensor([0, 0, 30, 0, 100, 0], dtype=torch.int32)[::2]}
-    else:
-        x = {**x, "cp_context": object()}
+        return make_inputs(T=4, H=1, HV=1, K=320, V=8, h0=False)
+    if case == "int_v":
+        return {**x, "v": x["v"].to(torch.int32)}
+    if case == "bad_cu_seqlens":
+        return {**x, "cu_seqlens": torch.tensor([0, 60, 30], dtype=torch.int32)}
+    if case == "strided_cu_seqlens":  # never copied, so refused by both
+        return {**x, "cu_seqlens": torch.tensor([0, 0, 30, 0, 100, 0], dtype=torch.int32)[::2]}
+    return {**x, "cp_context": object()}
+
+
+@pytest.mark.parametrize("case", ["K_320", "int_v", "bad_cu_seqlens", "strided_cu_seqlens", "cp_context"])
+def test_kernel_choice_refuses_what_the_forward_refuses(case):
+    x = _refused_inputs(case)
     with pytest.raises(Exception) as forward:
         flashqla.chunk_gated_delta_rule(**x)
     with pytest.raises(type(forward.value)) as choice:
         flashqla.kernel_choice(**x)
     assert str(choice.value) == str(forward.value)
+
+
+def test_backward_kernel_choice_on_the_cpu():
+    x = make_inputs(cu_seqlens=[0, 30, 100], H=2, HV=4, K=16, V=16)
+    choice = flashqla.backward_kernel_choice(**x, output_final_state=True)
+    assert isinstance(choice, flashqla.BackwardKernelChoice)
+    assert choice.kernel == "cpu_chunked" and choice.workspace_bytes == 0
+    assert choice.reason == "the CPU backend computes the call (the tensor-core backward runs CUDA calls only)"
+
+
+@pytest.mark.parametrize("case", ["K_320", "int_v", "bad_cu_seqlens", "strided_cu_seqlens", "cp_context"])
+def test_backward_kernel_choice_refuses_what_the_forward_refuses(case):
+    x = _refused_inputs(case)
+    with pytest.raises(Exception) as forward:
+        flashqla.chunk_gated_delta_rule(**x)
+    with pytest.raises(type(forward.value)) as choice:
+        flashqla.backward_kernel_choice(**x)
+    assert str(choice.value).replace("flashqla_gdn_bwd_kernel_choice", "flashqla_gdn_fwd") == str(forward.value)
 
 
 def test_wrong_g_shape_names_g():

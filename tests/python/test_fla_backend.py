@@ -362,15 +362,24 @@ def _choice(kernel="sm90_fused", reason="", pieces="none", lengths_guessed=False
     return flashqla.KernelChoice(kernel, pieces, 0 if pieces == "none" else 8, lengths_guessed, 0, reason)
 
 
-def _refusal(choice=None, use_gate_in_kernel=False, capability=(9, 0), training=False):
-    """_cuda_refusal over a given kernel choice; also returns how often it asked for it."""
+def _backward_choice(kernel="sm90_tensor_core", reason=""):
+    return flashqla.BackwardKernelChoice(kernel, 0, reason)
+
+
+def _refusal(choice=None, use_gate_in_kernel=False, capability=(9, 0), training=False, backward=None):
+    """_cuda_refusal over a given kernel choice (and backward kernel choice); also returns
+    how often it asked for the forward's."""
     asked = []
 
     def choose():
         asked.append(True)
         return _choice() if choice is None else choice
 
-    return flashqla.fla_backend._cuda_refusal(choose, use_gate_in_kernel, capability, training=training), len(asked)
+    def choose_backward():
+        return _backward_choice() if backward is None else backward
+
+    return flashqla.fla_backend._cuda_refusal(choose, use_gate_in_kernel, capability, training=training,
+                                              choose_backward=choose_backward), len(asked)
 
 
 @pytest.fixture
@@ -437,6 +446,19 @@ def test_cuda_training_calls_stay_with_fla_until_the_backward_is_faster(beats_fl
     # the forward's rules still hold for training calls
     assert "sm90_simple" in _refusal(_choice(kernel="sm90_simple", reason="K = 64"), training=True)[0]
     assert "cu_seqlens_cpu" in _refusal(_choice(lengths_guessed=True), training=True)[0]
+
+
+def test_cuda_training_calls_need_the_tensor_core_backward(beats_fla, monkeypatch):
+    """A training call goes to flashqla only where its tensor-core backward runs it (the
+    core's backward kernel choice): the simple backward is far slower than FLA's. The
+    refusal carries the core's reason; inference calls never ask."""
+    monkeypatch.setattr(flashqla._library, "CUDA_BACKWARD_BEATS_FLA", True)
+    simple = _backward_choice("sm90_simple", "q, k, v: float16: the tensor-core backward takes bfloat16")
+    refusal, _ = _refusal(training=True, backward=simple)
+    assert "require gradients" in refusal and "sm90_simple" in refusal
+    assert "the tensor-core backward takes bfloat16" in refusal
+    assert _refusal(training=False, backward=simple) == (None, 1)
+    assert _refusal(training=True, backward=_backward_choice()) == (None, 1)
 
 
 def _prepared(requires_grad=()):

@@ -300,6 +300,37 @@ def test_kernel_choice_on_cuda(case):
         flashqla.chunk_gated_delta_rule(**x, output_final_state=True)  # the call runs as chosen
 
 
+# The backward each forward case takes: the tensor-core backward where q, k, v are bf16,
+# K = V = 128 and their rows 16-byte aligned (the forward's own rules for those three
+# inputs), the simple one otherwise; fp16 runs the fused forward but the simple backward.
+_BACKWARD_KERNELS = {"fused": "sm90_tensor_core", "packed_qkv": "sm90_tensor_core",
+                     "feature_strided_v": "sm90_tensor_core", "K_64": "sm90_simple", "fp32": "sm90_simple",
+                     "padded_rows": "sm90_simple", "unaligned_base": "sm90_simple"}
+
+
+@pytest.mark.parametrize("case", range(8), ids=["fused", "packed_qkv", "feature_strided_v", "K_64", "fp32",
+                                                "padded_rows", "unaligned_base", "fp16"])
+def test_backward_kernel_choice_on_cuda(case):
+    if case < 7:
+        name, x, _, _ = _choice_cases()[case]
+        kernel = _BACKWARD_KERNELS[name]
+    else:
+        x = make_inputs(K=128, V=128, H=2, HV=4, dtype=torch.float16, device="cuda", T=256)
+        name, kernel = "fp16", "sm90_simple"
+    choice = flashqla.backward_kernel_choice(**x, output_final_state=True)
+    assert isinstance(choice, flashqla.BackwardKernelChoice)
+    assert choice.kernel == kernel, (name, choice)
+    assert (choice.reason == "") == (kernel == "sm90_tensor_core"), (name, choice)
+    if name == "fp16":
+        assert "the tensor-core backward takes bfloat16" in choice.reason
+    assert choice.workspace_bytes > 0  # both CUDA backwards keep their states in the workspace
+    # the backward runs as chosen
+    leaves = {n: t.detach().requires_grad_(True) if t.is_floating_point() else t for n, t in x.items()}
+    o, ht = flashqla.chunk_gated_delta_rule(**leaves, output_final_state=True)
+    (o.float().sum() + ht.sum()).backward()
+    assert all(t.grad is not None for t in leaves.values() if t.is_floating_point())
+
+
 @pytest.mark.fla
 @pytest.mark.skipif(not HAS_FLA, reason="flash-linear-attention not installed")
 @pytest.mark.parametrize("case", range(7), ids=["fused", "packed_qkv", "feature_strided_v", "K_64", "fp32",
