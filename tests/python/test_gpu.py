@@ -325,10 +325,13 @@ def test_backward_kernel_choice_on_cuda(case):
         assert "the tensor-core backward takes bfloat16" in choice.reason
     assert choice.workspace_bytes > 0  # both CUDA backwards keep their states in the workspace
     # the backward runs as chosen
-    leaves = {n: t.detach().requires_grad_(True) if t.is_floating_point() else t for n, t in x.items()}
+    def floating(t):
+        return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+    leaves = {n: t.detach().requires_grad_(True) if floating(t) else t for n, t in x.items()}
     o, ht = flashqla.chunk_gated_delta_rule(**leaves, output_final_state=True)
     (o.float().sum() + ht.sum()).backward()
-    assert all(t.grad is not None for t in leaves.values() if t.is_floating_point())
+    assert all(t.grad is not None for t in leaves.values() if floating(t))
 
 
 @pytest.mark.fla
