@@ -741,7 +741,8 @@ cmd_sanitize() {
   local wide="${bwd}/varlen_with_empty:${bwd}/K100_V200:${bwd}/strided_views:${bwd}/l2norm_in_kernel:${bwd}/gqa3"
   wide+=":${fwd}/len65:${fwd}/varlen_with_empty:${fwd}/K100_V200:${fwd}/piece_passes_varlen_with_empty"
   wide+=":${fwd}/chained_pieces_varlen_with_empty:${fwd}/l2norm_in_kernel"
-  local short="${bwd}/len1:${bwd}/len65:${bwd}/len300:${bwd}/varlen_many:${fwd}/len65:${fwd}/K64_V64:${fwd}/piece_passes_varlen_with_empty"
+  local short="${bwd}/len1:${bwd}/len65:${bwd}/len300:${bwd}/varlen_many:${bwd}/varlen_many_pieces1_chains16"
+  short+=":${fwd}/len65:${fwd}/K64_V64:${fwd}/piece_passes_varlen_with_empty"
   short+=":${fwd}/chained_pieces_varlen_with_empty"
   local tool filter rc status=0 verdicts=()
   for tool in memcheck initcheck racecheck synccheck; do

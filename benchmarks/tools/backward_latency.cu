@@ -79,6 +79,7 @@ flashqla_tensor_t state_tensor(void* data, int64_t HV) {
 struct Shape {
   const char* name;
   int64_t tokens, seqs, H, HV;
+  int64_t first = 0;  // > 0: the first sequence's length (the rest split equally), else all equal
 };
 
 void run(const Shape& s, int reps) {
@@ -86,6 +87,10 @@ void run(const Shape& s, int reps) {
   Buffers b;
   std::vector<int32_t> cu(N + 1);
   for (int64_t n = 0; n <= N; ++n) cu[n] = int32_t(T * n / N);
+  if (s.first > 0) {
+    for (int64_t n = 1; n <= N; ++n) cu[n] = int32_t(s.first + (T - s.first) * (n - 1) / (N - 1 > 0 ? N - 1 : 1));
+    cu[N] = int32_t(T);
+  }
   void* cu_d = b.alloc(cu.size() * 4);
   check(cudaMemcpy(cu_d, cu.data(), cu.size() * 4, cudaMemcpyHostToDevice), "copy");
 
@@ -162,6 +167,11 @@ int main(int argc, char** argv) {
       {"hk8_hv16 8k_2seq", 8192, 2, 8, 16},     {"hk4_hv8 32k_1seq", 32768, 1, 4, 8},
       {"hk2_hv4 8k_2seq", 8192, 2, 2, 4},       {"hk8_hv16 8k_1seq", 8192, 1, 8, 16},
       {"hk4_hv8 8k_2seq", 8192, 2, 4, 8},       {"hk2_hv4 32k_2seq", 32768, 2, 2, 4},
+      // Few value heads (TP 8 of smaller models): where the chains' sequence pieces pay.
+      {"hk1_hv1 8k_1seq", 8192, 1, 1, 1},       {"hk1_hv2 8k_1seq", 8192, 1, 1, 2},
+      {"hk1_hv2 32k_1seq", 32768, 1, 1, 2},
+      // FlashQLA's split of the published hk*_32k_2seq rows (benchmarks/bwd_rows.py).
+      {"hk2_hv4 32k_2seq_uneven", 32768, 2, 2, 4, 7212},
   };
   const int count = int(sizeof(shapes) / sizeof(shapes[0]));
   std::vector<bool> pick(count, argc < 2);

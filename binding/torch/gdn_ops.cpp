@@ -10,7 +10,7 @@
 //   flashqla::gdn_fwd_kernel_choice -> (kernel, pieces, piece_chunks, lengths_guessed,
 //                                       workspace_bytes, reason): what gdn_fwd with the
 //                                       same arguments runs (flashqla_gdn_fwd_kernel_choice)
-//   flashqla::gdn_bwd_kernel_choice -> (kernel, workspace_bytes, reason): what gdn_bwd
+//   flashqla::gdn_bwd_kernel_choice -> (kernel, piece_chunks, workspace_bytes, reason): what gdn_bwd
 //                                       after that forward runs (flashqla_gdn_bwd_kernel_choice)
 //
 // Outputs are allocated here on the inputs' device; final_state / dh0 are fp32
@@ -397,9 +397,10 @@ std::tuple<std::string, std::string, int64_t, bool, int64_t, std::string> gdn_fw
 // choice over the tensors gdn_bwd would hand it, the inputs judged as in
 // gdn_fwd_kernel_choice, do (which autograd hands over fresh) and the gradients
 // it would allocate as fresh contiguous tensors; without running, copying or
-// synchronising anything. Returns (kernel name, workspace bytes, why not the
-// tensor-core backward ("" when it runs)).
-std::tuple<std::string, int64_t, std::string> gdn_bwd_kernel_choice(
+// synchronising anything. Returns (kernel name, the chains' piece length (0:
+// whole sequences), workspace bytes, why not the tensor-core backward ("" when
+// it runs)).
+std::tuple<std::string, int64_t, int64_t, std::string> gdn_bwd_kernel_choice(
     Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, double scale, std::optional<Tensor> initial_state,
     std::optional<Tensor> cu_seqlens, std::optional<Tensor> cu_seqlens_cpu, bool state_v_first, bool use_qk_l2norm,
     int64_t beta_activation) {
@@ -421,7 +422,7 @@ std::tuple<std::string, int64_t, std::string> gdn_bwd_kernel_choice(
   }
   flashqla_gdn_bwd_kernel_choice_t choice;
   check(flashqla_gdn_bwd_kernel_choice(&p, &choice));
-  return {choice.kernel_name, static_cast<int64_t>(choice.workspace_bytes), choice.reason};
+  return {choice.kernel_name, choice.piece_chunks, static_cast<int64_t>(choice.workspace_bytes), choice.reason};
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor, Tensor, Tensor> gdn_bwd(
@@ -490,7 +491,7 @@ STABLE_TORCH_LIBRARY(flashqla, m) {
       "gdn_bwd_kernel_choice(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, float scale, "
       "Tensor? initial_state, Tensor? cu_seqlens, Tensor? cu_seqlens_cpu, "
       "bool state_v_first, bool use_qk_l2norm, int beta_activation) "
-      "-> (str kernel, int workspace_bytes, str reason)");
+      "-> (str kernel, int piece_chunks, int workspace_bytes, str reason)");
 }
 
 // The same functions serve both devices: the C API picks its backend from

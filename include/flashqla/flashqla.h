@@ -364,6 +364,9 @@ typedef struct flashqla_gdn_bwd_kernel_choice_t {
   flashqla_backend_t backend;  /* the backend the params resolve to (never AUTO) */
   flashqla_bwd_kernel_t kernel;
   const char* kernel_name;     /* "cpu_chunked", ..., "sm90_simple" (static) */
+  /* The tensor-core backward's chains cut into sequence pieces of this many
+   * 64-token chunks (two passes and a scan); 0: whole sequences. */
+  int64_t piece_chunks;
   /* What flashqla_gdn_bwd_workspace_size() reports for these params. */
   size_t workspace_bytes;
   /* "" for the tensor-core backward; otherwise why the call does not run it,

@@ -346,6 +346,7 @@ class BackwardKernelChoice(NamedTuple):
     ``flashqla_gdn_bwd_kernel_choice`` over the tensors the backward op would hand it."""
 
     kernel: str           # "cpu_chunked", "cpu_recurrent", "sm90_tensor_core" (the fast one), "sm90_simple"
+    piece_chunks: int     # the tensor-core chains' sequence pieces: 64-token chunks a piece (0: whole sequences)
     workspace_bytes: int  # the workspace the backward allocates
     reason: str           # why not the tensor-core backward ("" when it runs)
 

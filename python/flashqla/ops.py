@@ -33,7 +33,7 @@ gdn_bwd = torch.ops.flashqla.gdn_bwd.default
 # the C API's flashqla_gdn_fwd_kernel_choice (computes, copies and synchronises nothing).
 gdn_fwd_kernel_choice = torch.ops.flashqla.gdn_fwd_kernel_choice.default
 # (q, k, v, g, beta, scale, initial_state, cu_seqlens, cu_seqlens_cpu, state_v_first,
-# use_qk_l2norm, beta_activation) -> (kernel, workspace_bytes, reason): what gdn_bwd after that
+# use_qk_l2norm, beta_activation) -> (kernel, piece_chunks, workspace_bytes, reason): what gdn_bwd after that
 # forward runs (do and the gradients fresh), from the C API's flashqla_gdn_bwd_kernel_choice.
 gdn_bwd_kernel_choice = torch.ops.flashqla.gdn_bwd_kernel_choice.default
 

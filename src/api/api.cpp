@@ -61,6 +61,7 @@ void fill_choice(const api::BackwardCall& call, flashqla_gdn_bwd_kernel_choice_t
   choice.backend = call.problem.backend;
   choice.kernel = call.kernel;
   choice.kernel_name = api::kernel_name(call.kernel);
+  choice.piece_chunks = call.piece_chunks;
   choice.workspace_bytes = call.workspace_bytes;
   copy_reason(call.reason, choice.reason);
 }

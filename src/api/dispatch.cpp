@@ -60,6 +60,7 @@ BackwardCall plan_backward(const flashqla_gdn_bwd_params_t* params, const char* 
     call.cuda = cuda::plan_backward(call.problem, *params, entry);
     call.kernel = call.cuda.tensor_core ? FLASHQLA_BWD_KERNEL_SM90_TENSOR_CORE : FLASHQLA_BWD_KERNEL_SM90_SIMPLE;
     call.reason = call.cuda.reason;
+    call.piece_chunks = call.cuda.piece_chunks;
     call.workspace_bytes = call.cuda.bytes;
     return call;
   }

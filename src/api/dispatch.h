@@ -43,6 +43,7 @@ struct BackwardCall {
   Problem problem;
   flashqla_bwd_kernel_t kernel = FLASHQLA_BWD_KERNEL_CPU_CHUNKED;
   std::string reason;  // why not the tensor-core backward ("" when it runs)
+  int64_t piece_chunks = 0;  // the tensor-core chains' sequence pieces (0: whole sequences)
   size_t workspace_bytes = 0;
 #ifdef FLASHQLA_WITH_CUDA
   cuda::BackwardPlan cuda;  // the CUDA backend's plan (CUDA calls only)

@@ -9,6 +9,18 @@
 
 namespace flashqla::cuda {
 
+// The fp32 states a sequence piece of the tensor-core chains keeps between its
+// passes (BackwardArgs::piece_states), each [128][128] as the chains hold them
+// ([key][value]; the transition [key][key]).
+enum BackwardPieceState : int {
+  kBwdTransition = 0,  // M_j = A_last ⋯ A_first of piece j (A_c = e^{γ_L} I − K̂ᵀ diag(b) W)
+  kBwdStateLocal,      // the state chain over piece j from zero
+  kBwdGradLocal,       // the gradient chain over piece j from zero
+  kBwdStateStart,      // S entering piece j
+  kBwdGradEnd,         // dS leaving piece j (entering its last chunk's step)
+  kBwdPieceStates
+};
+
 struct BackwardArgs {
   ForwardArgs f;  // sizes, inputs and options (f.o and f.ht are not used)
   int64_t B;      // batch rows (the partials are indexed by token)
@@ -50,6 +62,16 @@ struct BackwardArgs {
   // after the chains (no counts, no waits, a fixed stride of items a CTA).
   unsigned* chain_progress;
   int chain_tiles;  // V tiles a (sequence, value head): 128 / the chains' columns
+  // Sequence pieces of the chains (piece_chunks > 0): each sequence cut into
+  // pieces of piece_chunks chunks, both chains run in two passes (chain_pass 1:
+  // the first piece of the state chain and the last of the gradient chain in
+  // full, the pieces between from zero and from the identity; 2: the rerun of
+  // the others from their start states) with a scan between them
+  // (launch_gdn_bwd_tc_piece_scan). 0: whole sequences, one pass (chain_pass 0).
+  int64_t piece_chunks;
+  int64_t max_pieces;   // pieces a sequence at most: the chains' grid and piece_states' rows
+  int chain_pass;
+  float* piece_states;  // [N][max_pieces][HV][kBwdPieceStates][128][128] fp32
 };
 
 }  // namespace flashqla::cuda

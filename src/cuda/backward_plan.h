@@ -21,6 +21,8 @@ struct BackwardPlan {
   TensorCoreBackwardLayout tc;
   int chain_columns = 32;  // the tensor-core chains' value columns a CTA (chains_value_columns)
   bool grads_beside = false;  // the grads kernel beside the chains (grads_beside_chains)
+  int64_t piece_chunks = 0;   // the chains' sequence pieces: chunks a piece (0: whole sequences)
+  int64_t max_pieces = 0;     // pieces a sequence at most
   size_t bytes = 0;    // workspace: the debug check word, then the chosen backward's arrays
 };
 

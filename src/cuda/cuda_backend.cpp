@@ -16,6 +16,7 @@
 #include "cuda/sm90/gdn_fwd_chain_tickets_sm90.h"
 #include "cuda/sm90/gdn_fwd_piece_scan_sm90.h"
 #include "cuda/sm90/gdn_fwd_simple_sm90.h"
+#include "cuda/backward_piece_model.h"
 #include "cuda/backward_support.h"
 
 namespace flashqla::cuda {
@@ -252,12 +253,32 @@ BackwardPlan plan_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p
                                          : tensor_core_backward_refusal(plan.args);
   plan.tensor_core = plan.reason.empty();
   if (plan.tensor_core) {
-    plan.tc = tensor_core_backward_layout(pr.B, pr.T, pr.N, pr.HV, pr.varlen, kCuSeqlensCheckBytes);
-    plan.bytes = plan.tc.bytes;
     // FLASHQLA_BACKWARD_CHAIN_COLUMNS=16|32 forces the chains' width (read at every call).
-    plan.chain_columns = chains_value_columns(pr.N, pr.HV, sm_count(), env_int("FLASHQLA_BACKWARD_CHAIN_COLUMNS", 0));
+    const int64_t forced_columns = env_int("FLASHQLA_BACKWARD_CHAIN_COLUMNS", 0);
+    plan.chain_columns = chains_value_columns(pr.N, pr.HV, sm_count(), forced_columns);
+    // Sequence pieces of the chains (two passes and a scan; the grads then after
+    // them): where the model says they pay (backward_piece_model.h), from the
+    // sequence lengths the host knows (as the forward's plan). The warp-grads
+    // kernel is a reference path: never cut under it.
+    // FLASHQLA_BACKWARD_PIECE_CHUNKS=n forces pieces of n chunks, =0 whole sequences.
+    const int64_t forced_pieces = env_int("FLASHQLA_BACKWARD_PIECE_CHUNKS", -1);
+    int64_t piece_chunks = forced_pieces > 0 ? forced_pieces : 0;
+    if (forced_pieces < 0 && grads_kernel_selected() == GradsKernel::kWarpgroups) {
+      const BackwardPiecePlan model = best_backward_pieces(
+          planned_sequence_chunks(pr.T, pr.N, pr.varlen, pr.cu_seqlens_host.empty() ? nullptr : pr.cu_seqlens_host.data()),
+          pr.HV, pr.H, sm_count());
+      piece_chunks = model.piece_chunks;
+      if (piece_chunks > 0 && forced_columns != 16 && forced_columns != 32) plan.chain_columns = model.columns;
+    }
+    if (piece_chunks > 0 && piece_chunks < (pr.T + kPieceChunkTokens - 1) / kPieceChunkTokens) {
+      plan.piece_chunks = piece_chunks;
+      plan.max_pieces = sequence_piece_count(pr.T, piece_chunks);  // no sequence is longer than T
+    }
+    plan.tc = tensor_core_backward_layout(pr.B, pr.T, pr.N, pr.HV, pr.varlen, kCuSeqlensCheckBytes,
+                                          pr.N * plan.max_pieces);
+    plan.bytes = plan.tc.bytes;
     // FLASHQLA_BACKWARD_GRADS_BESIDE=0|1 forces the grads after or beside the chains.
-    plan.grads_beside = grads_kernel_selected() == GradsKernel::kWarpgroups &&
+    plan.grads_beside = grads_kernel_selected() == GradsKernel::kWarpgroups && plan.piece_chunks == 0 &&
                         grads_beside_chains(pr.N, pr.HV, plan.chain_columns, sm_count(),
                                             env_int("FLASHQLA_BACKWARD_GRADS_BESIDE", -1));
   } else {
@@ -322,9 +343,10 @@ void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const B
     a.rows = reinterpret_cast<float4*>(ws + l.rows);
     a.states = reinterpret_cast<uint16_t*>(ws + l.states);
     a.dstates = reinterpret_cast<uint16_t*>(ws + l.dstates);
-    FLASHQLA_PLAN("%s: tensor-core backward: %lld chunk slots, chains of %d value columns, grads %s them, "
-                  "workspace %zu bytes",
-                  entry, (long long)l.chunk_slots, plan.chain_columns, plan.grads_beside ? "beside" : "after", l.bytes);
+    FLASHQLA_PLAN("%s: tensor-core backward: %lld chunk slots, chains of %d value columns, pieces of %lld chunks "
+                  "(0: none), grads %s them, workspace %zu bytes",
+                  entry, (long long)l.chunk_slots, plan.chain_columns, (long long)plan.piece_chunks,
+                  plan.grads_beside ? "beside" : "after", l.bytes);
     if (plan.grads_beside) {
       a.chain_progress = reinterpret_cast<unsigned*>(ws + l.progress);
       a.chain_tiles = 128 / plan.chain_columns;
@@ -332,7 +354,21 @@ void gdn_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p, const B
                  "chain progress counts reset");
     }
     check_cuda(launch_gdn_bwd_tc_prep(a, p.fwd.stream), entry, "tensor-core backward prep launch");
-    check_cuda(launch_gdn_bwd_tc_chains(a, plan.chain_columns, p.fwd.stream), entry, "tensor-core backward chains launch");
+    if (plan.piece_chunks == 0) {
+      check_cuda(launch_gdn_bwd_tc_chains(a, plan.chain_columns, p.fwd.stream), entry,
+                 "tensor-core backward chains launch");
+    } else {  // sequence pieces: the first pass, the scan, the rerun
+      a.piece_chunks = plan.piece_chunks;
+      a.max_pieces = plan.max_pieces;
+      a.piece_states = reinterpret_cast<float*>(ws + l.pieces);
+      a.chain_pass = 1;
+      check_cuda(launch_gdn_bwd_tc_chains(a, plan.chain_columns, p.fwd.stream), entry,
+                 "tensor-core backward chains launch (pieces, first pass)");
+      check_cuda(launch_gdn_bwd_tc_piece_scan(a, p.fwd.stream), entry, "tensor-core backward piece scan launch");
+      a.chain_pass = 2;
+      check_cuda(launch_gdn_bwd_tc_chains(a, plan.chain_columns, p.fwd.stream), entry,
+                 "tensor-core backward chains launch (pieces, rerun)");
+    }
     const GradsKernel grads = grads_kernel_selected();
     check_cuda(grads == GradsKernel::kWarpgroups
                    ? launch_gdn_bwd_tc_grads_warpgroups(a, p.fwd.stream)

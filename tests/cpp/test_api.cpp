@@ -208,6 +208,7 @@ TEST(Api, BackwardKernelChoiceOnTheCpu) {
     ASSERT_EQ(flashqla_gdn_bwd_workspace_size(&p, &bytes), FLASHQLA_STATUS_SUCCESS);
     EXPECT_EQ(choice.workspace_bytes, bytes);
     EXPECT_EQ(choice.workspace_bytes, 0u);
+    EXPECT_EQ(choice.piece_chunks, 0);
     EXPECT_STREQ(choice.reason, "the CPU backend computes the call (the tensor-core backward runs CUDA calls only)");
   }
   flashqla_gdn_bwd_params_t p = c.bwd_params(FLASHQLA_CPU_ALGORITHM_CHUNKED);

@@ -452,6 +452,8 @@ struct GpuBwdConfig {
   double g_value = NAN, beta_value = NAN;
   int64_t row_pad = 0;
   std::string chain_columns;  // FLASHQLA_BACKWARD_CHAIN_COLUMNS ("": the plan's choice)
+  std::string piece_chunks;   // FLASHQLA_BACKWARD_PIECE_CHUNKS ("": the plan's choice)
+  bool plan_cuts = false;     // the plan's own choice must be sequence pieces (checked on this GPU)
 };
 
 class GpuBackward : public ::testing::TestWithParam<GpuBwdConfig> {
@@ -479,6 +481,7 @@ TEST_P(GpuBackward, MatchesCpuOracle) {
   ASSERT_EQ(flashqla_gdn_bwd(&rp), FLASHQLA_STATUS_SUCCESS) << flashqla_last_error_message();
 
   const ScopedEnv chain_columns("FLASHQLA_BACKWARD_CHAIN_COLUMNS", f.chain_columns);
+  const ScopedEnv piece_chunks("FLASHQLA_BACKWARD_PIECE_CHUNKS", f.piece_chunks);
   DeviceBackwardCall call(c);
   const std::vector<std::unique_ptr<DeviceTensor>>& dev = call.dev;
   flashqla_gdn_bwd_params_t& p = call.p;
@@ -499,6 +502,12 @@ TEST_P(GpuBackward, MatchesCpuOracle) {
       << f.name << ": " << choice.reason;
   EXPECT_STREQ(choice.kernel_name, tc_rules ? "sm90_tensor_core" : "sm90_simple") << f.name;
   EXPECT_EQ(choice.reason[0] == '\0', tc_rules) << f.name << ": " << choice.reason;
+  if (!f.piece_chunks.empty()) {  // forced
+    EXPECT_EQ(choice.piece_chunks, tc_rules ? std::stoll(f.piece_chunks) : 0) << f.name;
+  }
+  if (f.plan_cuts) {  // the case exists to run the plan's own pieces: it must still choose them
+    ASSERT_GT(choice.piece_chunks, 0) << f.name << ": the backward's plan no longer cuts this sequence";
+  }
   const DeviceWorkspace workspace(ws_bytes);
   p.fwd.workspace = workspace.ptr;
   p.fwd.workspace_bytes = workspace.bytes;
@@ -585,6 +594,48 @@ std::vector<GpuBwdConfig> gpu_backward_configs() {
       f.cu_seqlens = {0, 3, 67, 67, 200, 263, 264, 400, 528, 600, 700, 701};
     }
     f.chain_columns.clear();
+    // The chains by sequence pieces: two pieces (no middle one), four and
+    // eight of a 16-chunk sequence, and pieces of one chunk over packed
+    // sequences with empty ones, at both widths.
+    f.T = 1000;
+    f.cu_seqlens.clear();
+    for (const char* pc : {"8", "5", "2"}) {
+      f.piece_chunks = pc;
+      f.name = std::string("len1000_gqa2_pieces") + pc;
+      v.push_back(f);
+    }
+    // No end gradient (the last piece's gradient chain from zero), V-first states
+    // (h0 read and d_initial_state written by the first piece).
+    f.piece_chunks = "5";
+    f.dht = false;
+    f.v_first = true;
+    f.name = "len1000_gqa2_pieces5_no_dht_v_first";
+    v.push_back(f);
+    f.dht = true;
+    f.v_first = false;
+    f.T = 0;
+    f.cu_seqlens = {0, 3, 67, 67, 200, 263, 264, 400, 528, 600, 700, 701};
+    f.piece_chunks = "1";
+    for (const char* cols : {"16", "32"}) {
+      f.chain_columns = cols;
+      f.name = std::string("varlen_many_pieces1_chains") + cols;
+      v.push_back(f);
+    }
+    f.chain_columns.clear();
+    f.piece_chunks.clear();
+    // The plan's own pieces (backward_piece_model.h): one sequence of one or two
+    // value heads long enough for the model to cut it (at 16 and at 32 columns).
+    f.cu_seqlens.clear();
+    f.plan_cuts = true;
+    f.H = 1;
+    f.HV = 2;
+    f.T = 4096;
+    f.name = "len4096_plan_pieces";
+    v.push_back(f);
+    f.HV = 1;
+    f.T = 8192;
+    f.name = "len8192_hv1_plan_pieces";
+    v.push_back(f);
   }
   for (int64_t ratio : {1, 3, 16}) {
     GpuBwdConfig f;

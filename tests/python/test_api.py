@@ -224,7 +224,7 @@ def test_backward_kernel_choice_on_the_cpu():
     x = make_inputs(cu_seqlens=[0, 30, 100], H=2, HV=4, K=16, V=16)
     choice = flashqla.backward_kernel_choice(**x, output_final_state=True)
     assert isinstance(choice, flashqla.BackwardKernelChoice)
-    assert choice.kernel == "cpu_chunked" and choice.workspace_bytes == 0
+    assert choice.kernel == "cpu_chunked" and choice.workspace_bytes == 0 and choice.piece_chunks == 0
     assert choice.reason == "the CPU backend computes the call (the tensor-core backward runs CUDA calls only)"
 
 

@@ -363,7 +363,7 @@ def _choice(kernel="sm90_fused", reason="", pieces="none", lengths_guessed=False
 
 
 def _backward_choice(kernel="sm90_tensor_core", reason=""):
-    return flashqla.BackwardKernelChoice(kernel, 0, reason)
+    return flashqla.BackwardKernelChoice(kernel, 0, 0, reason)
 
 
 def _refusal(choice=None, use_gate_in_kernel=False, capability=(9, 0), training=False, backward=None):

@@ -31,6 +31,8 @@
 // bf16 rounding d_initial_state's error was 5× FLA's).
 #include "cuda/sm90/gdn_bwd_tc_sm90.h"
 
+#include "cuda/backward_chain_pieces.h"
+
 #include "cuda/sm90/gdn_bwd_tc/common.cuh"
 #include "cuda/sm90/tma_load.cuh"
 #include "cuda/sm90/warp_specialization.cuh"
@@ -120,16 +122,23 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   const uint32_t misaligned = mma::smem_addr(smem_raw) % 1024;
   Smem& s = *reinterpret_cast<Smem*>(smem_raw + (misaligned ? 1024 - misaligned : 0));
   const ForwardArgs& f = a.f;
+  // blockIdx.x: (V tile, value head, sequence piece j, sequence) from the fastest.
   const int64_t v0 = (int64_t(blockIdx.x) % kTiles) * kVt;
-  const int64_t hv = (int64_t(blockIdx.x) / kTiles) % f.HV, n = int64_t(blockIdx.x) / kTiles / f.HV;
+  const int64_t hv = (int64_t(blockIdx.x) / kTiles) % f.HV, nj = int64_t(blockIdx.x) / kTiles / f.HV;
+  const int64_t pieces_grid = a.piece_chunks > 0 ? a.max_pieces : 1;
+  const int64_t n = nj / pieces_grid, piece = nj % pieces_grid;
   const int64_t h = hv / f.group;
-  const bool grad = blockIdx.y == 0;
+  const int role = blockIdx.y;
+  const bool grad = role == 0;
   const bool varlen = f.cu_seqlens != nullptr;
   const SequenceRange seq = sequence_range(f.cu_seqlens, f.cu_seqlens_int64, f.T, n);
   const int64_t n_chunks = (seq.eos - seq.bos + kChunk - 1) / kChunk;
+  const ChainRun run = plan_chain_run(a, role, piece, n_chunks, seq.eos - seq.bos);
+  if (!run.active) return;  // the whole CTA: before any barrier
+  const int64_t n_run = run.c_end - run.c_begin;
   const int tid = threadIdx.x, lane = tid % 32;
   const int warp = __shfl_sync(0xffffffffu, tid / 32, 0);  // uniform in ptxas's view
-  auto chunk_at = [&](int64_t ci) { return grad ? n_chunks - 1 - ci : ci; };
+  auto chunk_at = [&](int64_t ci) { return grad ? run.c_end - 1 - ci : run.c_begin + ci; };
   // The grads kernel beside the chains (BackwardArgs::chain_progress) starts once
   // every chain CTA has started, so none of its waits can hold a chain CTA back;
   // this CTA's count of chunks whose states are stored is raised after each
@@ -159,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
       const int64_t tok = token_index(seq.row, t0, f.T, hv, f.HV, kDim);
       wide.issue(WideTile{g.k}, k_base + t0 * f.k_st, f.k_st, L);
       wide.issue(WideTile{g.w}, w_base + tok, f.HV * kDim, L);
-      narrow.issue(Tile{g.in, kLdVt}, in_base + tok, f.HV * kDim, L);
+      narrow.issue(Tile{g.in, kLdVt}, in_base + tok, f.HV * kDim, run.zero_in ? 0 : L);  // zero: the transition
       if (pt < kChunk) {
         const float4* const src = a.rows + tok / kDim;
         copy_async_16(&g.rows[pt], pt < L ? src + pt * f.HV : src, pt < L);
@@ -170,11 +179,11 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
       }
     };
     for (int i = 0; i < kStages - 1; ++i) {
-      if (i < n_chunks) issue_loads(i, s.stage[i]);
+      if (i < n_run) issue_loads(i, s.stage[i]);
       commit_async_copies();
     }
     int stage = 0;  // ci % kStages
-    for (int64_t ci = 0; ci < n_chunks; ++ci) {
+    for (int64_t ci = 0; ci < n_run; ++ci) {
       Stage& g = s.stage[stage];
       wait_async_copies_but<kStages - 2>();  // this thread's copies of chunk ci
       if (grad) {
@@ -213,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
       hand_over(&s.hand_over, ci);
       if (kBeside && pt == 0 && ci > 0) max_release(progress, static_cast<unsigned>(ci));
       // Chunk ci + 2 into the stage chunk ci − 1 used: the chain is done with it.
-      if (ci + kStages - 1 < n_chunks) issue_loads(ci + kStages - 1, s.stage[stage == 0 ? kStages - 1 : stage - 1]);
+      if (ci + kStages - 1 < n_run) issue_loads(ci + kStages - 1, s.stage[stage == 0 ? kStages - 1 : stage - 1]);
       commit_async_copies();
       stage = next_stage(stage);
     }
@@ -236,7 +245,19 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
           f(64 * b + 16 * warp + g8 + 8 * hh, 8 * j + 2 * t4, S[b][4 * j + 2 * hh], S[b][4 * j + 2 * hh + 1]);
         }
   };
-  {  // S from h0 (state chain) or dS from dht (gradient chain), zero without
+  if (run.init == ChainRun::kFromZero || run.init == ChainRun::kFromIdentity) {
+    const bool identity = run.init == ChainRun::kFromIdentity;  // the transition's columns v0 .. v0 + kVt − 1
+    for_each_state([&](int r, int c, float& x0, float& x1) {
+      x0 = identity && r == v0 + c ? 1.f : 0.f;
+      x1 = identity && r == v0 + c + 1 ? 1.f : 0.f;
+    });
+  } else if (run.init == ChainRun::kFromPiece) {  // the scan's fp32 start state
+    const float* const src = piece_state(a, n, piece, hv, run.init_kind) + v0;
+    for_each_state([&](int r, int c, float& x0, float& x1) {
+      const float2 x = *reinterpret_cast<const float2*>(src + r * kDim + c);
+      x0 = x.x, x1 = x.y;
+    });
+  } else {  // S from h0 (state chain) or dS from dht (gradient chain), zero without
     const void* src = grad ? a.dht : f.h0;
     const flashqla_dtype_t dtype = grad ? a.dht_dtype : f.h0_dtype;
     const int64_t sn = grad ? a.dht_sn : f.h0_sn, sh = grad ? a.dht_sh : f.h0_sh;
@@ -248,7 +269,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   }
   uint16_t* const states = grad ? a.dstates : a.states;
   int stage = 0;
-  for (int64_t ci = 0; ci < n_chunks; ++ci) {
+  for (int64_t ci = 0; ci < n_run; ++ci) {
     Stage& g = s.stage[stage];
     const int64_t c = chunk_at(ci);
     const Narrow st{s.st};
@@ -263,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
     // 8-row block 4 w + b (kVt · 16 contiguous bytes on both sides; st was
     // made visible to the async proxy before the hand-over). Read by the
     // barrier after the first product (each lane waits for its copy's reads before it).
-    if (lane < 4) {
+    if (lane < 4 && run.store_chunks) {
       const int b = 4 * warp + lane;
       uint16_t* const gs = states + (chunk_slot(n, c, seq.bos, f.T, varlen) * f.HV + hv) * kDim * kDim +
                            b * (kDim * 8) + (v0 / 8) * 64;
@@ -356,9 +377,15 @@ __global__ void __launch_bounds__(kThreads, 1) gdn_bwd_tc_chain_kernel(const Bac
   if constexpr (kBeside) {
     if (lane < 4) asm volatile("fence.proxy.async.global;\n" ::: "memory");
     ChainWarps::sync();  // every chain warp's copies of the last chunk's states
-    if (tid == 0) max_release(progress, static_cast<unsigned>(n_chunks));
+    if (tid == 0) max_release(progress, static_cast<unsigned>(n_run));
   }
-  if (grad && a.dh0 != nullptr) {
+  if (run.end == ChainRun::kToPiece) {  // fp32, for the scan (or the next pass)
+    float* const dst = piece_state(a, n, run.end_piece, hv, run.end_kind) + v0;
+    for_each_state([&](int r, int c, float& x0, float& x1) {
+      *reinterpret_cast<float2*>(dst + r * kDim + c) = make_float2(x0, x1);
+    });
+  }
+  if (run.end == ChainRun::kDh0 && a.dh0 != nullptr) {
     for_each_state([&](int r, int c, float& x0, float& x1) {
       store_float(a.dh0, a.dh0_dtype,
                   state_offset(n, hv, r, v0 + c, a.dh0_sn, a.dh0_sh, a.dh0_s2, a.dh0_s3, f.state_v_first), x0);
@@ -374,9 +401,12 @@ cudaError_t launch_chains(const BackwardArgs& args, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(gdn_bwd_tc_chain_kernel<kVt, kBeside>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(smem));
   if (err != cudaSuccess) return err;
-  const int64_t blocks = Columns<kVt>::kTiles * args.f.HV * args.f.N;
+  const bool pieces = args.piece_chunks > 0;
+  const int64_t blocks = Columns<kVt>::kTiles * args.f.HV * args.f.N * (pieces ? args.max_pieces : 1);
   if (blocks == 0) return cudaSuccess;
-  gdn_bwd_tc_chain_kernel<kVt, kBeside><<<dim3(static_cast<unsigned>(blocks), 2), kThreads, smem, stream>>>(args);
+  // Pass 1 of sequence pieces also runs the transitions (blockIdx.y 2).
+  const unsigned roles = pieces && args.chain_pass == 1 ? 3 : 2;
+  gdn_bwd_tc_chain_kernel<kVt, kBeside><<<dim3(static_cast<unsigned>(blocks), roles), kThreads, smem, stream>>>(args);
   return cudaGetLastError();
 }
 

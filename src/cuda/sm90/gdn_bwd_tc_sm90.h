@@ -19,13 +19,14 @@ namespace flashqla::cuda {
 // Byte offsets of the tensor-core backward's arrays (from the workspace start).
 struct TensorCoreBackwardLayout {
   int64_t chunk_slots = 0;
-  size_t w = 0, u0 = 0, z = 0, minv = 0, rows = 0, states = 0, dstates = 0, progress = 0, bytes = 0;
+  size_t w = 0, u0 = 0, z = 0, minv = 0, rows = 0, states = 0, dstates = 0, progress = 0, pieces = 0, bytes = 0;
   size_t progress_bytes = 0;  // BackwardArgs::chain_progress, zeroed by each call that uses it
 };
 
-// After `offset` bytes the caller keeps; K = V = 128.
+// After `offset` bytes the caller keeps; K = V = 128. piece_rows: N times the
+// most pieces a sequence of the chains' sequence pieces (0: none).
 inline TensorCoreBackwardLayout tensor_core_backward_layout(int64_t B, int64_t T, int64_t N, int64_t HV, bool varlen,
-                                                            size_t offset) {
+                                                            size_t offset, int64_t piece_rows = 0) {
   constexpr int64_t kChunk = 64, kDim = 128;
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   TensorCoreBackwardLayout l;
@@ -41,7 +42,8 @@ inline TensorCoreBackwardLayout tensor_core_backward_layout(int64_t B, int64_t T
   l.dstates = align(l.states + states);
   l.progress = align(l.dstates + states);
   l.progress_bytes = static_cast<size_t>(2 * N * HV * 8 + 1) * sizeof(unsigned);  // and the grads' item ticket
-  l.bytes = l.progress + l.progress_bytes;
+  l.pieces = align(l.progress + l.progress_bytes);
+  l.bytes = l.pieces + static_cast<size_t>(piece_rows * HV * kBwdPieceStates) * kDim * kDim * sizeof(float);
   return l;
 }
 
@@ -49,6 +51,12 @@ cudaError_t launch_gdn_bwd_tc_prep(const BackwardArgs& args, cudaStream_t stream
 // value_columns: 32, or 16 (twice the CTAs; chains_value_columns in
 // cuda/backward_support.h chooses).
 cudaError_t launch_gdn_bwd_tc_chains(const BackwardArgs& args, int value_columns, cudaStream_t stream);
+
+// Between the chains' two passes of sequence pieces (args.piece_chunks > 0):
+// each piece's start state S and end gradient dS from its neighbours', in fp32
+// (S_start(j + 1) = M_j S_start(j) + S_local(j); dS_end(j − 1) = M_jᵀ dS_end(j) +
+// dS_local(j)); gdn_bwd_tc_piece_scan_sm90.cu.
+cudaError_t launch_gdn_bwd_tc_piece_scan(const BackwardArgs& args, cudaStream_t stream);
 
 // Step 3 on three warpgroups with wgmma (gdn_bwd_tc_grads_wg_sm90.cu): the one
 // that runs.

@@ -1,6 +1,7 @@
 #include "cuda/sm90/gdn_fwd_piece_scan_sm90.h"
 
 #include "core/trace.h"
+#include "cuda/sm90/piece_scan_step.cuh"
 #include "cuda/sm90/work_scheduler.cuh"
 
 namespace flashqla::cuda {
@@ -47,12 +48,7 @@ __global__ void __launch_bounds__(kMaxKeys) gdn_fwd_piece_scan_kernel(const Forw
     const float4* local = row(a.piece_states + piece_state_base(a, first + j, hv, kPieceLocal));
     float4 acc_lo = local[0], acc_hi = local[1];
     __syncthreads();  // s written
-#pragma unroll
-    for (int k = 0; k < kMaxKeys; ++k) {
-      const float4 x = reinterpret_cast<const float4*>(s[k])[0], y = reinterpret_cast<const float4*>(s[k])[1];
-      acc_lo.x += m[k] * x.x, acc_lo.y += m[k] * x.y, acc_lo.z += m[k] * x.z, acc_lo.w += m[k] * x.w;
-      acc_hi.x += m[k] * y.x, acc_hi.y += m[k] * y.y, acc_hi.z += m[k] * y.z, acc_hi.w += m[k] * y.w;
-    }
+    piece_scan_row_step(m, s, acc_lo, acc_hi);
     lo = acc_lo, hi = acc_hi;
   }
 }

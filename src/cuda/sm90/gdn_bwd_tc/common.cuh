@@ -11,6 +11,7 @@
 #include <cuda_bf16.h>
 
 #include "cuda/backward_args.h"
+#include "cuda/sequence_piece_layout.h"
 #include "cuda/sm90/device_common.cuh"
 #include "cuda/sm90/warp_mma.cuh"
 
@@ -339,6 +340,11 @@ __device__ __forceinline__ float quad_sum(float x) {
 // [B T][HV][cols] array.
 __device__ __forceinline__ int64_t token_index(int64_t row, int64_t t, int64_t T, int64_t hv, int64_t HV, int cols) {
   return ((row * T + t) * HV + hv) * cols;
+}
+
+// A piece state of BackwardArgs::piece_states: [128 keys][128 columns] fp32.
+__device__ __forceinline__ float* piece_state(const BackwardArgs& a, int64_t n, int64_t j, int64_t hv, int kind) {
+  return a.piece_states + (((n * a.max_pieces + j) * a.f.HV + hv) * kBwdPieceStates + kind) * int64_t(kDim * kDim);
 }
 
 }  // namespace flashqla::cuda::bwd
