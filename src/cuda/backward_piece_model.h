@@ -43,21 +43,6 @@ struct BackwardPieceCosts {
   double grads_head_us = 20.0;
 };
 
-// Per-sequence chunk counts the model plans for: from cu_seqlens_host when given
-// (N + 1 token offsets), otherwise each sequence taken as T / N tokens (varlen) or
-// T (padded batch), as the forward's piece plan does (sequence_pieces.h).
-inline std::vector<int64_t> planned_sequence_chunks(int64_t T, int64_t N, bool varlen,
-                                                    const int64_t* cu_seqlens_host) {
-  std::vector<int64_t> chunks(size_t(std::max<int64_t>(N, 0)), 0);
-  for (int64_t i = 0; i < N; ++i) {
-    const int64_t tokens = !varlen ? T
-                           : cu_seqlens_host != nullptr ? cu_seqlens_host[i + 1] - cu_seqlens_host[i]
-                                                        : (T + N - 1) / N;
-    chunks[size_t(i)] = (tokens + kPieceChunkTokens - 1) / kPieceChunkTokens;
-  }
-  return chunks;
-}
-
 // The chains' time (µs) over sequences of chunks[i] chunks, HV value heads, at
 // `columns` (16 or 32) value columns a CTA, one CTA an SM on `sms` SMs, cut
 // into pieces of L chunks (0: whole sequences, one pass).
@@ -110,6 +95,12 @@ inline double estimated_grads_time(const std::vector<int64_t>& chunks, int64_t H
   return pass_time(items * item_us, item_us, sms);
 }
 
+// Whether the model tries pieces at all: only where the whole-sequence chains
+// (at 32 columns) leave half the SMs idle.
+inline bool backward_pieces_considered(int64_t N, int64_t HV, int64_t sms) {
+  return leave_half_the_sms_idle(chain_ctas(N, HV, 32), int(sms));
+}
+
 struct BackwardPiecePlan {
   int64_t piece_chunks = 0;  // 0: whole sequences
   int columns = 32;          // the chains' value columns a CTA
@@ -133,7 +124,7 @@ inline BackwardPiecePlan best_backward_pieces(const std::vector<int64_t>& chunks
   const double whole_chains = estimated_chains_time(chunks, HV, sms, best.columns, 0, k);
   best.estimated_us = whole_chains + estimated_grads_time(chunks, HK, group, sms, best.grads_beside,
                                                           chain_ctas(N, HV, best.columns), whole_chains, k);
-  if (!leave_half_the_sms_idle(chain_ctas(N, HV, 32), int(sms))) return best;
+  if (!backward_pieces_considered(N, HV, sms)) return best;
   const double grads_after = estimated_grads_time(chunks, HK, group, sms, false, 0, 0, k);
   double bar = 0.9 * best.estimated_us;
   for (const int columns : {16, 32}) {

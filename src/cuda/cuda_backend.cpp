@@ -263,7 +263,8 @@ BackwardPlan plan_backward(const Problem& pr, const flashqla_gdn_bwd_params_t& p
     // FLASHQLA_BACKWARD_PIECE_CHUNKS=n forces pieces of n chunks, =0 whole sequences.
     const int64_t forced_pieces = env_int("FLASHQLA_BACKWARD_PIECE_CHUNKS", -1);
     int64_t piece_chunks = forced_pieces > 0 ? forced_pieces : 0;
-    if (forced_pieces < 0 && grads_kernel_selected() == GradsKernel::kWarpgroups) {
+    if (forced_pieces < 0 && grads_kernel_selected() == GradsKernel::kWarpgroups &&
+        backward_pieces_considered(pr.N, pr.HV, sm_count())) {
       const BackwardPiecePlan model = best_backward_pieces(
           planned_sequence_chunks(pr.T, pr.N, pr.varlen, pr.cu_seqlens_host.empty() ? nullptr : pr.cu_seqlens_host.data()),
           pr.HV, pr.H, sm_count());

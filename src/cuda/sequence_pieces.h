@@ -22,6 +22,21 @@ struct PiecePlan {
   bool chained = false;  // pieces one after another in one launch (else: the two piece passes)
 };
 
+// Per-sequence chunk counts a piece plan (forward or backward) plans for: from
+// cu_seqlens_host when given (N + 1 token offsets), otherwise each sequence taken
+// as T / N tokens (varlen) or T (padded batch).
+inline std::vector<int64_t> planned_sequence_chunks(int64_t T, int64_t N, bool varlen,
+                                                    const int64_t* cu_seqlens_host) {
+  std::vector<int64_t> chunks(size_t(std::max<int64_t>(N, 0)), 0);
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t tokens = !varlen ? T
+                           : cu_seqlens_host != nullptr ? cu_seqlens_host[i + 1] - cu_seqlens_host[i]
+                                                        : (T + N - 1) / N;
+    chunks[size_t(i)] = (tokens + kPieceChunkTokens - 1) / kPieceChunkTokens;
+  }
+  return chunks;
+}
+
 // --- the cost model that picks the piece length ---------------------------------
 // Time in units of one chunk of a chain (the fused kernel's per-chunk latency).
 // Cut into pieces of L chunks, a sequence of c chunks has q = ⌈c / L⌉ pieces;
@@ -216,13 +231,7 @@ inline PiecePlan plan_sequence_pieces(int64_t T, int64_t N, int64_t HV, bool var
   const int64_t total = varlen ? longest + N : N * longest;
   int64_t chunks = forced_chunks;
   if (chunks <= 0) {
-    std::vector<int64_t> lengths(size_t(N), 0);
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t tokens = !varlen ? T
-                             : cu_seqlens_host != nullptr ? cu_seqlens_host[i + 1] - cu_seqlens_host[i]
-                                                          : (T + N - 1) / N;
-      lengths[size_t(i)] = (tokens + kPieceChunkTokens - 1) / kPieceChunkTokens;
-    }
+    const std::vector<int64_t> lengths = planned_sequence_chunks(T, N, varlen, cu_seqlens_host);
     chunks = chained ? best_chained_chunks(lengths.data(), N, HV, sms, mode > 0)
                      : best_piece_chunks(lengths.data(), N, HV, sms, mode > 0);
   }
