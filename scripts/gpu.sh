@@ -734,11 +734,13 @@ cmd_sanitize() {
   local sanitizer
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   # Cases of the C++ GPU suites that reach every kernel: the backward's (tensor
-  # cores and simple), and the forward's fused kernel, simple kernel, piece
-  # passes with the piece scan, and chained pieces. memcheck and initcheck take
-  # the wider list; racecheck and synccheck, far slower, the short one.
+  # cores and simple; its chains by sequence pieces with their scan, both
+  # lists), and the forward's fused kernel, simple kernel, piece passes with the
+  # piece scan, and chained pieces. memcheck and initcheck take the wider list;
+  # racecheck and synccheck, far slower, the short one.
   local bwd=Cuda/GpuBackward.MatchesCpuOracle fwd=Cuda/GpuForward.MatchesCpuOracle
   local wide="${bwd}/varlen_with_empty:${bwd}/K100_V200:${bwd}/strided_views:${bwd}/l2norm_in_kernel:${bwd}/gqa3"
+  wide+=":${bwd}/varlen_many_pieces1_chains16"
   wide+=":${fwd}/len65:${fwd}/varlen_with_empty:${fwd}/K100_V200:${fwd}/piece_passes_varlen_with_empty"
   wide+=":${fwd}/chained_pieces_varlen_with_empty:${fwd}/l2norm_in_kernel"
   local short="${bwd}/len1:${bwd}/len65:${bwd}/len300:${bwd}/varlen_many:${bwd}/varlen_many_pieces1_chains16"
