@@ -42,7 +42,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t n_chunks = __shfl_sync(0xffffffffu, item.chunk_end - item.chunk_begin, 0);
   if (tid == 0) {
     for (int i = 0; i < kQKStages; ++i) tma::barrier_init(s.qk_loaded + i, 1);
-    for (int i = 0; i < kHandOverStages; ++i) tma::barrier_init(s.v_loaded + i, 1);
+    for (int i = 0; i < kHandOverStages; ++i) {
+      tma::barrier_init(s.v_loaded + i, 1);
+      tma::barrier_init(s.chunk_ready + i, kProducerThreads);
+    }
     tma::fence_barrier_init();
     // A chained piece's counters, parked for the state warpgroups (kept out of
     // registers across the producer's part).

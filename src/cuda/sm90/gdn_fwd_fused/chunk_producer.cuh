@@ -478,7 +478,7 @@ __device__ __forceinline__ void run_chunk_producer(SharedStorage<Element>& s, co
 
     wgmma::fence_shared_for_async();  // Tβ is a wgmma operand
     // The chunk is ready: its q, k, v, gates and Tβ.
-    ChunkReady::arrive(stage);
+    ws::mbarrier_arrive(s.chunk_ready + stage);
     // No barrier here: the next chunk writes T's tile (and the gate vectors'
     // stages) only after its stage barrier (its explicit one for chunk 1),
     // which every warp reaches only once it has finished this chunk.

@@ -45,19 +45,18 @@ using HandOverPipeline = ws::PipelineState<kHandOverStages>;
 // Named barriers (0 is __syncthreads).
 // - StateBarrier: inside the state warpgroups (once an item);
 // - ProducerBarrier: inside the producer warpgroup;
-// - ChunkReady (a stage each): producer -> state, the chunk's operands are in place;
 // - StageFree (a stage each): state -> producer, the stage may be refilled;
+//   (its reverse, producer -> state, the chunk's operands are in place, is an
+//   mbarrier a stage: SharedStorage::chunk_ready);
 // - OutputWritten (a state warpgroup each): its output tile is written;
 // - ProducerPair (a pair each): the producer's warps (0, 1) and (2, 3), each pair
 //   owning one 32x32 diagonal block of T.
 using StateBarrier = ws::NamedBarrier<1, 1, kStateThreads>;
 using ProducerBarrier = ws::NamedBarrier<2, 1, kProducerThreads>;
-using ChunkReady = ws::NamedBarrier<3, kHandOverStages, kThreads>;
 using StageFree = ws::NamedBarrier<5, kHandOverStages, kThreads>;
 using OutputWritten = ws::NamedBarrier<7, 2, 128>;
 using ProducerPair = ws::NamedBarrier<9, 2, 64>;
-static_assert(ws::named_barriers_disjoint<StateBarrier, ProducerBarrier, ChunkReady, StageFree, OutputWritten,
-                                          ProducerPair>(),
+static_assert(ws::named_barriers_disjoint<StateBarrier, ProducerBarrier, StageFree, OutputWritten, ProducerPair>(),
               "named barrier ids overlap");
 
 constexpr int kLdF = kChunk + 4;  // row stride of the fp32 [64][64] tile of T
@@ -148,6 +147,13 @@ struct SharedStorage {
   // The loads' completion: one mbarrier a q/k stage, one a v stage.
   alignas(8) uint64_t qk_loaded[kQKStages];
   uint64_t v_loaded[kHandOverStages];
+  // Chunk c's hand-over to the state warpgroups, in stage c % 2, its use c / 2
+  // (parity (c / 2) & 1): every producer thread arrives once its writes of the
+  // stage are done (one arrival a thread, not a warp: compute-sanitizer's
+  // racecheck takes an arrival as ordering only the arriving thread's own
+  // accesses; as a named barrier, bar.arrive / bar.sync, it reported hazards
+  // across it). The state warpgroups wait on the parity.
+  uint64_t chunk_ready[kHandOverStages];
 
   using QKTile = mma::Swizzled128Tile<Element, 2 * kChunk>;
   using TokenTile = mma::Swizzled128Tile<Element, kChunk>;

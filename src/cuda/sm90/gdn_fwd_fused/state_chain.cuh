@@ -12,6 +12,7 @@
 #include "cuda/sm90/device_common.cuh"
 #include "cuda/sm90/gdn_fwd_fused/kernel_layout.cuh"
 #include "cuda/sm90/gdn_fwd_fused/output_epilogue.cuh"
+#include "cuda/sm90/tma_load.cuh"
 #include "cuda/sm90/warp_mma.cuh"
 #include "cuda/sm90/warpgroup_mma.cuh"
 
@@ -205,7 +206,7 @@ struct StateChain {
     for (int c = 0; c < nc; ++c) {
       const int stage = c & 1;
       output.before_chunk();
-      ChunkReady::sync(stage);
+      tma::wait(s.chunk_ready + stage, uint32_t(c >> 1) & 1u);
       const int qk_stage = QKPipeline::of(c).index;
       const QKTile ks = s.k_tile(c);  // [K; Q]
       const float* const exp_gamma = s.gates.exp_gamma[qk_stage];  // e^γ
