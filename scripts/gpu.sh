@@ -110,7 +110,7 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       folder holding a libflashqla.so.0 and optional environment settings (e.g.
       warps=build-local/cmp/main,FLASHQLA_BACKWARD_GRADS=warps). Per candidate: a
       short first case (a hang stops the run) and the backward GPU tests
-      (BWD_TESTS=0: none); then the backward's latency on BWD_SHAPES
+      (BWD_TESTS=0: none; a list of NAMEs: those candidates' only); then the backward's latency on BWD_SHAPES
       (0,1,2,4,5,7,8), the candidates interleaved over BWD_ROUNDS rounds (2),
       and a table of the times, a column a candidate.
       Default $OUT: /tmp/flashqla-bwd-compare.
@@ -423,8 +423,10 @@ cmd_bwd_compare() {
     [[ "${rest}" == *,* ]] && envs[${name}]+=" ${rest#*,}"
     envs[${name}]=${envs[${name}]//,/ }
   done
+  local tested=" ${BWD_TESTS:-1} "
+  tested=${tested//,/ }
   for name in "${names[@]}"; do
-    if [[ "${BWD_TESTS:-1}" != 0 && -x "${tests}" ]]; then
+    if [[ "${tested}" != " 0 " && ( "${tested}" == " 1 " || "${tested}" == *" ${name} "* ) && -x "${tests}" ]]; then
       env ${envs[${name}]} timeout 30 "${tests}" --gtest_filter='Cuda/GpuBackward.MatchesCpuOracle/len65' \
         > "${out}/probe-${name}.log" 2>&1
       rc=$?
