@@ -107,7 +107,8 @@ usage: scripts/gpu.sh <command> [options]        (on the GPU machine)
       The backward's candidates side by side without building anything there:
       benchmarks/tools/backward_latency and tests/flashqla_tests prebuilt here
       (BWD_BUILD, default build-local: carry both and each LIBDIR), each NAME a
-      folder holding a libflashqla.so.0 and optional environment settings (e.g.
+      folder holding a libflashqla.so.0 (and its own tests/flashqla_tests build as
+      flashqla_tests where its tests differ) and optional environment settings (e.g.
       warps=build-local/cmp/main,FLASHQLA_BACKWARD_GRADS=warps). Per candidate: a
       short first case (a hang stops the run) and the backward GPU tests
       (BWD_TESTS=0: none; a list of NAMEs: those candidates' only); then the backward's latency on BWD_SHAPES
@@ -413,7 +414,7 @@ cmd_bwd_compare() {
   [[ -x "${bin}" ]] || { echo "no ${bin}: build it here (target backward_latency) and carry it"; exit 2; }
   mkdir -p "${out}"
   local names=() spec name rest rc round
-  declare -A envs
+  declare -A envs testers
   for spec in "$@"; do
     name=${spec%%=*}
     rest=${spec#*=}
@@ -422,17 +423,20 @@ cmd_bwd_compare() {
     envs[${name}]="LD_LIBRARY_PATH=$(cd "${rest%%,*}" && pwd)"
     [[ "${rest}" == *,* ]] && envs[${name}]+=" ${rest#*,}"
     envs[${name}]=${envs[${name}]//,/ }
+    # A candidate whose tests differ (new cases, other kernel choices) brings its own binary.
+    testers[${name}]=${tests}
+    [[ -x "${rest%%,*}/flashqla_tests" ]] && testers[${name}]="${rest%%,*}/flashqla_tests"
   done
   local tested=" ${BWD_TESTS:-1} "
   tested=${tested//,/ }
   for name in "${names[@]}"; do
     if [[ "${tested}" != " 0 " && ( "${tested}" == " 1 " || "${tested}" == *" ${name} "* ) && -x "${tests}" ]]; then
-      env ${envs[${name}]} timeout 30 "${tests}" --gtest_filter='Cuda/GpuBackward.MatchesCpuOracle/len65' \
+      env ${envs[${name}]} timeout 30 "${testers[${name}]}" --gtest_filter='Cuda/GpuBackward.MatchesCpuOracle/len65' \
         > "${out}/probe-${name}.log" 2>&1
       rc=$?
       [[ ${rc} -eq 124 ]] && { echo "${name} hangs"; exit 1; }
-      env ${envs[${name}]} timeout 300 "${tests}" --gtest_filter='Cuda/GpuBackward.*:BackwardSupport.*' \
-        > "${out}/tests-${name}.log" 2>&1
+      env ${envs[${name}]} timeout 300 "${testers[${name}]}" \
+        --gtest_filter='Cuda/GpuBackward.*:BackwardSupport.*:GpuBackwardPrep.*' > "${out}/tests-${name}.log" 2>&1
       echo "${name}: backward GPU tests rc $? $(grep -E '^\[  (PASSED|FAILED)' "${out}/tests-${name}.log" | tr '\n' ' ')"
     fi
   done
